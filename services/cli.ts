@@ -1,0 +1,117 @@
+// x402-fleet: one command, one subcommand per service.
+import { readFileSync } from "node:fs";
+import { parseArgs } from "node:util";
+import { createLogger } from "./platform/logger.ts";
+import type { Caip2 } from "./x402/networks.ts";
+import type { Scheme } from "./x402/wire.ts";
+
+const USAGE = `x402-fleet <command> [options]
+
+commands:
+  devnet        run the whole system on local anvil chains (the embedded default)
+                --networks eip155:8453,eip155:56   --port 4020   --state-dir .devnet
+  facilitator   serve one network
+                --network eip155:8453 --rpc-url URL [--rpc-url URL2] --signer-key-file FILE
+                --schemes exact --port 4021 --host 127.0.0.1 --config FILE.json
+                (env: X402_NETWORK, X402_RPC_URLS, X402_SIGNER_KEY_FILE, X402_SCHEMES, PORT, HOST)
+  router        the public /v2 edge
+                --routing-table FILE --port 4020 --host 127.0.0.1
+                (env: X402_ROUTING_TABLE, PORT, HOST)
+  pay           sign, verify and settle an example payment on a running devnet
+                --network eip155:8453 --amount 10000 [--method eip3009|permit2] [--state-dir .devnet]
+                [--body-only: print the signed request body for curl instead of sending it]
+`;
+
+function onShutdown(stop: () => Promise<void>) {
+  let stopping = false;
+  const handler = (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    void stop().finally(() => process.exit(signal === "SIGINT" ? 130 : 0));
+  };
+  process.once("SIGINT", () => handler("SIGINT"));
+  process.once("SIGTERM", () => handler("SIGTERM"));
+}
+
+export async function main(argv: string[]): Promise<void> {
+  const [command, ...rest] = argv;
+  const { values } = parseArgs({
+    args: rest,
+    allowPositionals: false,
+    options: {
+      networks: { type: "string" },
+      network: { type: "string" },
+      port: { type: "string" },
+      host: { type: "string" },
+      "state-dir": { type: "string" },
+      "rpc-url": { type: "string", multiple: true },
+      "signer-key-file": { type: "string" },
+      schemes: { type: "string" },
+      config: { type: "string" },
+      "routing-table": { type: "string" },
+      amount: { type: "string" },
+      method: { type: "string" },
+      "body-only": { type: "boolean" },
+    },
+  });
+  const port = values.port ?? process.env.PORT;
+
+  switch (command) {
+    case "devnet": {
+      const { startDevnet, devnetGuide } = await import("./devnet/devnet.ts");
+      const devnet = await startDevnet({
+        networks: values.networks?.split(",").map((s) => s.trim()) as Caip2[] | undefined,
+        port: port !== undefined ? Number(port) : undefined,
+        host: values.host,
+        stateDir: values["state-dir"],
+        logger: createLogger("devnet", process.env.LOG_LEVEL ?? "warn"),
+      });
+      onShutdown(devnet.stop);
+      process.stdout.write(devnetGuide(devnet.info, devnet.infoPath));
+      return;
+    }
+    case "facilitator": {
+      const { resolveFacilitatorConfig, facilitatorConfigFromEnv } = await import("./facilitator/config.ts");
+      const { startFacilitatorService } = await import("./facilitator/service.ts");
+      const file = values.config ? JSON.parse(readFileSync(values.config, "utf8")) : {};
+      const config = resolveFacilitatorConfig(file, facilitatorConfigFromEnv(process.env), {
+        network: values.network,
+        rpcUrls: values["rpc-url"],
+        signerKeyFile: values["signer-key-file"],
+        schemes: values.schemes?.split(",") as Scheme[] | undefined,
+        host: values.host,
+        port: values.port !== undefined ? Number(values.port) : undefined,
+      });
+      const running = await startFacilitatorService(config);
+      onShutdown(running.close);
+      return;
+    }
+    case "router": {
+      const { startRouterService } = await import("./router/service.ts");
+      const routingTablePath = values["routing-table"] ?? process.env.X402_ROUTING_TABLE;
+      if (!routingTablePath) throw new Error("router: --routing-table (or X402_ROUTING_TABLE) is required");
+      const running = await startRouterService({ routingTablePath, host: values.host ?? process.env.HOST ?? "127.0.0.1", port: Number(port ?? 4020) });
+      onShutdown(running.close);
+      return;
+    }
+    case "pay": {
+      const { payOnDevnet } = await import("./devnet/pay.ts");
+      await payOnDevnet({
+        infoPath: `${values["state-dir"] ?? ".devnet"}/devnet.json`,
+        network: values.network ?? "eip155:8453",
+        amount: values.amount ?? "10000",
+        method: values.method as "eip3009" | "permit2" | undefined,
+        bodyOnly: values["body-only"],
+      });
+      return;
+    }
+    case undefined:
+    case "help":
+    case "--help":
+      process.stdout.write(USAGE);
+      return;
+    default:
+      process.stderr.write(`unknown command: ${command}\n\n${USAGE}`);
+      process.exitCode = 2;
+  }
+}

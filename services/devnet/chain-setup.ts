@@ -1,0 +1,200 @@
+// Prepares a fresh anvil node as an x402 devnet chain: genuine Permit2 (patched for the chain id),
+// our Multicall3 and exact Permit2 proxy stand-ins at their canonical addresses, devnet tokens at
+// the real asset addresses, ETH for gas, token balances for payers and optional Permit2 approvals.
+// Everything is sent concurrently with explicit nonces and gas, so one chain takes a few hundred ms.
+import {
+  createClient,
+  encodeFunctionData,
+  http,
+  maxUint256,
+  numberToHex,
+  type Abi,
+  type Address,
+  type Hex,
+} from "viem";
+import { privateKeyToAccount } from "viem/accounts";
+import { EXACT_PERMIT2_PROXY_ADDRESS, MULTICALL3_ADDRESS, PERMIT2_ADDRESS, type AssetInfo } from "../x402/networks.ts";
+import { compileDevnetContracts, devnetContract } from "./compile.ts";
+import { permit2DomainSeparator, permit2RuntimeBytecode } from "./permit2.ts";
+
+/** anvil's first default account (mnemonic "test test ... junk"), unlocked on every anvil node. */
+export const DEVNET_MINTER_ADDRESS: Address = "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266";
+
+export const DEFAULT_GAS_BALANCE = 1000n * 10n ** 18n;
+
+export interface DevnetPayer {
+  privateKey: Hex;
+  /** Sends approve(PERMIT2, maxUint256) on every asset from the payer's key. */
+  permit2Approved: boolean;
+}
+
+export interface SetupDevnetChainOptions {
+  rpcUrl: string;
+  chainId: number;
+  assets: readonly AssetInfo[];
+  /** Addresses that receive 1000 ETH (facilitator signers, relayers, ...). Payers always get it. */
+  gasFunded: readonly Address[];
+  payers: readonly DevnetPayer[];
+  /** Token amount (base units) minted to each payer; default 1,000,000 whole tokens. */
+  payerTokenAmount?: (asset: AssetInfo) => bigint;
+}
+
+/** Whether the devnet places the EIP-3009 stablecoin (else the plain Permit2-only token) at this asset. */
+export function usesStablecoin(asset: AssetInfo): boolean {
+  return asset.transferMethods.includes("eip3009");
+}
+
+export function defaultPayerTokenAmount(asset: AssetInfo): bigint {
+  return 1_000_000n * 10n ** BigInt(asset.decimals);
+}
+
+const INITIALIZE_GAS = 400_000n;
+const MINT_GAS = 120_000n;
+const APPROVE_GAS = 100_000n;
+const RECEIPT_TIMEOUT_MS = 30_000;
+
+type Rpc = <T = unknown>(method: string, params?: unknown[]) => Promise<T>;
+
+interface PendingTx {
+  label: string;
+  hash: Promise<Hex>;
+}
+
+interface RpcReceipt {
+  status: Hex;
+  transactionHash: Hex;
+}
+
+function makeRpc(rpcUrl: string): Rpc {
+  // Batching merges concurrent requests into one HTTP round trip; no retries: a failure is a bug.
+  const client = createClient({ transport: http(rpcUrl, { batch: { batchSize: 500, wait: 0 }, retryCount: 0, timeout: 20_000 }) });
+  const request = client.request as unknown as (args: { method: string; params?: unknown[] }) => Promise<unknown>;
+  return <T>(method: string, params: unknown[] = []) => request({ method, params }) as Promise<T>;
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+async function waitForReceipts(rpc: Rpc, txs: { label: string; hash: Hex }[]): Promise<void> {
+  const pending = new Map(txs.map((t) => [t.hash, t.label]));
+  const deadline = Date.now() + RECEIPT_TIMEOUT_MS;
+  while (pending.size > 0) {
+    const hashes = [...pending.keys()];
+    const receipts = await Promise.all(hashes.map((h) => rpc<RpcReceipt | null>("eth_getTransactionReceipt", [h])));
+    receipts.forEach((r, i) => {
+      const hash = hashes[i]!;
+      if (!r) return;
+      if (r.status !== "0x1") throw new Error(`devnet setup transaction reverted: ${pending.get(hash)} (${hash})`);
+      pending.delete(hash);
+    });
+    if (pending.size === 0) return;
+    if (Date.now() > deadline) {
+      throw new Error(`devnet setup: no receipt within ${RECEIPT_TIMEOUT_MS} ms for ${[...pending.values()].join(", ")}`);
+    }
+    await sleep(5);
+  }
+}
+
+/**
+ * Sets up one devnet chain on a fresh anvil node. Idempotence is not a goal: run it once per node
+ * (initialize() of the tokens reverts the second time).
+ */
+export async function setupDevnetChain(opts: SetupDevnetChainOptions): Promise<void> {
+  const rpc = makeRpc(opts.rpcUrl);
+  const amountOf = opts.payerTokenAmount ?? defaultPayerTokenAmount;
+  const payers = opts.payers.map((p) => ({ ...p, account: privateKeyToAccount(p.privateKey) }));
+
+  const [contracts, reportedChainId] = await Promise.all([compileDevnetContracts(), rpc<Hex>("eth_chainId")]);
+  if (Number(reportedChainId) !== opts.chainId) {
+    throw new Error(`devnet setup: ${opts.rpcUrl} reports chain id ${Number(reportedChainId)}, expected ${opts.chainId}`);
+  }
+  const stablecoin = devnetContract(contracts, "DevnetStablecoin");
+  const plainToken = devnetContract(contracts, "DevnetToken");
+  const multicall = devnetContract(contracts, "DevnetMulticall3");
+  const proxy = devnetContract(contracts, "DevnetExactPermit2Proxy");
+
+  // 1. Code and ETH balances (all independent of each other).
+  const funded = new Set<string>([DEVNET_MINTER_ADDRESS, ...opts.gasFunded, ...payers.map((p) => p.account.address)].map((a) => a.toLowerCase()));
+  const senders = [DEVNET_MINTER_ADDRESS, ...payers.filter((p) => p.permit2Approved).map((p) => p.account.address)];
+  const [, nonces, latest] = await Promise.all([
+    Promise.all([
+      rpc("anvil_setCode", [PERMIT2_ADDRESS, permit2RuntimeBytecode(opts.chainId)]),
+      rpc("anvil_setCode", [MULTICALL3_ADDRESS, multicall.deployedBytecode]),
+      rpc("anvil_setCode", [EXACT_PERMIT2_PROXY_ADDRESS, proxy.deployedBytecode]),
+      ...opts.assets.map((a) => rpc("anvil_setCode", [a.address, (usesStablecoin(a) ? stablecoin : plainToken).deployedBytecode])),
+      ...[...funded].map((a) => rpc("anvil_setBalance", [a, numberToHex(DEFAULT_GAS_BALANCE)])),
+    ]),
+    Promise.all(senders.map((a) => rpc<Hex>("eth_getTransactionCount", [a, "pending"]))),
+    rpc<{ baseFeePerGas?: Hex }>("eth_getBlockByNumber", ["latest", false]),
+  ]);
+
+  const nextNonce = new Map<string, number>();
+  senders.forEach((a, i) => nextNonce.set(a.toLowerCase(), Number(nonces[i])));
+  const takeNonce = (a: Address): number => {
+    const n = nextNonce.get(a.toLowerCase());
+    if (n === undefined) throw new Error(`no nonce for ${a}`);
+    nextNonce.set(a.toLowerCase(), n + 1);
+    return n;
+  };
+  const baseFee = BigInt(latest.baseFeePerGas ?? "0x3b9aca00");
+  const maxPriorityFeePerGas = 1_000_000n;
+  const maxFeePerGas = baseFee * 4n + 1_000_000_000n;
+
+  const txs: PendingTx[] = [];
+  const sendFromMinter = (label: string, to: Address, abi: Abi, functionName: string, args: readonly unknown[], gas: bigint): void => {
+    const data = encodeFunctionData({ abi, functionName, args });
+    const tx = {
+      from: DEVNET_MINTER_ADDRESS,
+      to,
+      data,
+      gas: numberToHex(gas),
+      nonce: numberToHex(takeNonce(DEVNET_MINTER_ADDRESS)),
+      maxFeePerGas: numberToHex(maxFeePerGas),
+      maxPriorityFeePerGas: numberToHex(maxPriorityFeePerGas),
+    };
+    txs.push({ label, hash: rpc<Hex>("eth_sendTransaction", [tx]) });
+  };
+
+  // 2. Initialise each token, then mint (same sender: nonce order guarantees initialise first).
+  for (const asset of opts.assets) {
+    const abi = usesStablecoin(asset) ? stablecoin.abi : plainToken.abi;
+    const name = asset.eip712?.name ?? asset.symbol;
+    const version = asset.eip712?.version ?? "1";
+    sendFromMinter(`initialize ${asset.symbol} ${asset.address}`, asset.address, abi, "initialize", [name, asset.symbol, version, asset.decimals, DEVNET_MINTER_ADDRESS], INITIALIZE_GAS);
+    for (const p of payers) {
+      sendFromMinter(`mint ${asset.symbol} to ${p.account.address}`, asset.address, abi, "mint", [p.account.address, amountOf(asset)], MINT_GAS);
+    }
+  }
+
+  // 3. Permit2 approvals, signed locally with each payer's key.
+  for (const p of payers.filter((x) => x.permit2Approved)) {
+    for (const asset of opts.assets) {
+      const nonce = takeNonce(p.account.address);
+      const data = encodeFunctionData({ abi: plainToken.abi, functionName: "approve", args: [PERMIT2_ADDRESS, maxUint256] });
+      const hash = p.account
+        .signTransaction({ type: "eip1559", chainId: opts.chainId, to: asset.address, data, gas: APPROVE_GAS, nonce, maxFeePerGas, maxPriorityFeePerGas })
+        .then((raw) => rpc<Hex>("eth_sendRawTransaction", [raw]));
+      txs.push({ label: `approve Permit2 for ${asset.symbol} from ${p.account.address}`, hash });
+    }
+  }
+
+  // 4. Permit2 sanity check runs while the transactions are mined.
+  const domainCheck = rpc<Hex>("eth_call", [{ to: PERMIT2_ADDRESS, data: "0x3644e515" /* DOMAIN_SEPARATOR() */ }, "latest"]);
+
+  const sent = await Promise.all(
+    txs.map(async (t) => {
+      try {
+        return { label: t.label, hash: await t.hash };
+      } catch (e) {
+        throw new Error(`devnet setup: sending "${t.label}" failed: ${(e as Error).message.split("\n")[0]}`);
+      }
+    }),
+  );
+  const separator = await domainCheck;
+  const expected = permit2DomainSeparator(opts.chainId);
+  if (separator.toLowerCase() !== expected.toLowerCase()) {
+    throw new Error(`devnet setup: Permit2 DOMAIN_SEPARATOR() is ${separator}, expected ${expected} for chain ${opts.chainId}`);
+  }
+  await waitForReceipts(rpc, sent);
+}

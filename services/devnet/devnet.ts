@@ -1,0 +1,168 @@
+// The embedded default: real anvil nodes for the contract's networks, our devnet contracts and
+// tokens on them, one facilitator service per network and the router, all on this machine.
+import { mkdir, writeFile } from "node:fs/promises";
+import { join, resolve } from "node:path";
+import { mnemonicToAccount } from "viem/accounts";
+import { bytesToHex, type Address, type Hex } from "viem";
+import { NETWORKS, networkInfo, type AssetInfo, type Caip2 } from "../x402/networks.ts";
+import { createLogger, type Logger } from "../platform/logger.ts";
+import { startFacilitatorService, type RunningFacilitator } from "../facilitator/service.ts";
+import { resolveFacilitatorConfig } from "../facilitator/config.ts";
+import { startRouterService, type RunningRouter } from "../router/service.ts";
+import type { RoutingTable } from "../router/routing-table.ts";
+import { startAnvil, type AnvilNode } from "./anvil.ts";
+import { setupDevnetChain } from "./chain-setup.ts";
+
+/** anvil's well-known development mnemonic: these keys guard nothing outside a devnet. */
+export const DEVNET_MNEMONIC = "test test test test test test test test test test test junk";
+
+const key = (addressIndex: number): { address: Address; privateKey: Hex } => {
+  const account = mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex });
+  return { address: account.address, privateKey: bytesToHex(account.getHdKey().privateKey!) };
+};
+
+export interface DevnetOptions {
+  networks?: Caip2[];
+  /** Router port; 0 picks free ports for every service. */
+  port?: number;
+  host?: string;
+  stateDir?: string;
+  logger?: Logger;
+}
+
+export interface DevnetNetwork {
+  network: Caip2;
+  chainId: number;
+  rpcUrl: string;
+  facilitatorUrl: string;
+  signers: Address[];
+  assets: AssetInfo[];
+}
+
+export interface DevnetInfo {
+  routerUrl: string;
+  hubUrl: string | null;
+  networks: DevnetNetwork[];
+  payers: { address: Address; privateKey: Hex; permit2Approved: boolean }[];
+  receivers: { address: Address; privateKey: Hex }[];
+}
+
+export interface RunningDevnet {
+  info: DevnetInfo;
+  infoPath: string;
+  stop(): Promise<void>;
+}
+
+export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevnet> {
+  const logger = opts.logger ?? createLogger("devnet");
+  const host = opts.host ?? "127.0.0.1";
+  const routerPort = opts.port ?? 4020;
+  const stateDir = resolve(opts.stateDir ?? ".devnet");
+  const selected = (opts.networks ?? NETWORKS.map((n) => n.network)).map((n) => {
+    const info = networkInfo(n);
+    if (!info) throw new Error(`unknown network ${n}; the devnet serves ${NETWORKS.map((x) => x.network).join(", ")}`);
+    return info;
+  });
+
+  const payers = [
+    { ...key(1), permit2Approved: true },
+    { ...key(2), permit2Approved: false },
+  ];
+  const receivers = [key(3)];
+
+  const anvils: AnvilNode[] = [];
+  const facilitators: RunningFacilitator[] = [];
+  let router: RunningRouter | undefined;
+  const stop = async () => {
+    await router?.close().catch(() => undefined);
+    await Promise.all(facilitators.map((f) => f.close().catch(() => undefined)));
+    await Promise.all(anvils.map((a) => a.stop()));
+  };
+
+  try {
+    await mkdir(join(stateDir, "keys"), { recursive: true, mode: 0o700 });
+    const networks = await Promise.all(
+      selected.map(async (net, i) => {
+        const anvil = await startAnvil({ chainId: net.chainId });
+        anvils.push(anvil);
+        const signer = key(10 + i);
+        await setupDevnetChain({
+          rpcUrl: anvil.rpcUrl,
+          chainId: net.chainId,
+          assets: net.assets,
+          gasFunded: [signer.address],
+          payers: payers.map((p) => ({ privateKey: p.privateKey, permit2Approved: p.permit2Approved })),
+        });
+        const keyFile = join(stateDir, "keys", `${net.chainId}.key`);
+        await writeFile(keyFile, `${signer.privateKey}\n`, { mode: 0o600 });
+        const config = resolveFacilitatorConfig({
+          network: net.network,
+          rpcUrls: [anvil.rpcUrl],
+          signerKeyFile: keyFile,
+          schemes: ["exact"],
+          host,
+          port: routerPort === 0 ? 0 : routerPort + 101 + i,
+        });
+        const facilitator = await startFacilitatorService(config, logger.child({ service: "facilitator" }));
+        facilitators.push(facilitator);
+        return { net, anvil, facilitator };
+      }),
+    );
+
+    const table: RoutingTable = {
+      backends: networks.map(({ net, facilitator }) => ({
+        network: net.network,
+        url: facilitator.url,
+        kinds: facilitator.facilitator.supported().kinds,
+        signers: facilitator.signers,
+      })),
+    };
+    const routingTablePath = join(stateDir, "routing.json");
+    await writeFile(routingTablePath, JSON.stringify(table, null, 2));
+    router = await startRouterService({ routingTablePath, host, port: routerPort }, logger.child({ service: "router" }));
+
+    const info: DevnetInfo = {
+      routerUrl: router.url,
+      hubUrl: null,
+      networks: networks.map(({ net, anvil, facilitator }) => ({
+        network: net.network,
+        chainId: net.chainId,
+        rpcUrl: anvil.rpcUrl,
+        facilitatorUrl: facilitator.url,
+        signers: facilitator.signers as Address[],
+        assets: net.assets,
+      })),
+      payers,
+      receivers,
+    };
+    const infoPath = join(stateDir, "devnet.json");
+    await writeFile(infoPath, JSON.stringify(info, null, 2));
+    return { info, infoPath, stop };
+  } catch (e) {
+    await stop();
+    throw e;
+  }
+}
+
+export function devnetGuide(info: DevnetInfo, infoPath: string): string {
+  const base = info.networks.find((n) => n.network === "eip155:8453") ?? info.networks[0]!;
+  const lines = [
+    "",
+    "x402-fleet devnet is running",
+    "",
+    `  router      ${info.routerUrl}   (POST /verify, POST /settle, GET /supported)`,
+    ...info.networks.map((n) => `  ${n.network.padEnd(13)} rpc ${n.rpcUrl}   facilitator ${n.facilitatorUrl}`),
+    `  details     ${infoPath}`,
+    "",
+    "Try it:",
+    `  curl -s ${info.routerUrl}/supported`,
+    `  npx x402-fleet pay --network ${base.network} --amount 10000            # sign, verify and settle a payment`,
+    `  npx x402-fleet pay --network ${base.network} --amount 10000 --body-only > /tmp/pay.json`,
+    `  curl -s -H 'content-type: application/json' -d @/tmp/pay.json ${info.routerUrl}/verify`,
+    `  curl -s -H 'content-type: application/json' -d @/tmp/pay.json ${info.routerUrl}/settle`,
+    "",
+    "Ctrl-C stops everything.",
+    "",
+  ];
+  return lines.join("\n");
+}

@@ -1,0 +1,109 @@
+// Facilitator configuration from flags, environment and an optional JSON file (in that order of
+// precedence). Signer keys come from a file (a mounted Secret: one 0x-hex key per line).
+import { readFileSync } from "node:fs";
+import { z } from "zod";
+import { CAIP2_PATTERN, networkInfo, type AssetInfo, type Caip2 } from "../x402/networks.ts";
+import { SCHEMES, type Scheme } from "../x402/wire.ts";
+
+export interface FacilitatorConfig {
+  network: Caip2;
+  rpcUrls: string[];
+  signerKeys: `0x${string}`[];
+  schemes: Scheme[];
+  host: string;
+  port: number;
+  receiptTimeoutMs: number;
+  assets: AssetInfo[];
+  bodyLimit: number;
+}
+
+const keyPattern = /^0x[0-9a-fA-F]{64}$/;
+
+const fileSchema = z
+  .object({
+    network: z.string().regex(CAIP2_PATTERN),
+    rpcUrls: z.array(z.string().url()).min(1),
+    signerKeyFile: z.string(),
+    schemes: z.array(z.enum(SCHEMES)).min(1),
+    host: z.string(),
+    port: z.number().int().min(0).max(65535),
+    receiptTimeoutMs: z.number().int().positive(),
+    bodyLimit: z.number().int().positive(),
+    assets: z.array(
+      z.object({
+        symbol: z.string(),
+        address: z.string().regex(/^0x[0-9a-fA-F]{40}$/),
+        decimals: z.number().int().min(0).max(36),
+        eip712: z.object({ name: z.string(), version: z.string() }).optional(),
+        transferMethods: z.array(z.enum(["eip3009", "permit2"])),
+      }),
+    ),
+  })
+  .partial();
+
+export type FacilitatorConfigInput = z.infer<typeof fileSchema> & { signerKeys?: string[] };
+
+/** Parses signer keys: one 0x-prefixed 32-byte hex key per line; blank lines and # comments ignored. */
+export function parseSignerKeys(text: string): `0x${string}`[] {
+  const keys = text
+    .split(/\r?\n/)
+    .map((l) => l.trim())
+    .filter((l) => l !== "" && !l.startsWith("#"));
+  keys.forEach((k, i) => {
+    // Never echo the line: it is a secret.
+    if (!keyPattern.test(k)) throw new Error(`signer key file: line ${i + 1} is not a 0x-prefixed 32-byte hex key`);
+  });
+  return keys as `0x${string}`[];
+}
+
+const list = (v: string | undefined) => (v ? v.split(",").map((s) => s.trim()).filter(Boolean) : undefined);
+
+export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorConfigInput {
+  return {
+    network: env.X402_NETWORK,
+    rpcUrls: list(env.X402_RPC_URLS),
+    signerKeyFile: env.X402_SIGNER_KEY_FILE,
+    schemes: list(env.X402_SCHEMES) as Scheme[] | undefined,
+    host: env.HOST,
+    port: env.PORT ? Number(env.PORT) : undefined,
+    receiptTimeoutMs: env.X402_RECEIPT_TIMEOUT_MS ? Number(env.X402_RECEIPT_TIMEOUT_MS) : undefined,
+  };
+}
+
+/** Merges layers (later wins, undefined skipped), validates, and loads the signer keys. */
+export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): FacilitatorConfig {
+  const merged: FacilitatorConfigInput = {};
+  for (const layer of layers) {
+    for (const [k, v] of Object.entries(layer)) if (v !== undefined) (merged as Record<string, unknown>)[k] = v;
+  }
+  const { signerKeys: inlineKeys, ...rest } = merged;
+  const parsed = fileSchema.safeParse(rest);
+  if (!parsed.success) {
+    const issue = parsed.error.issues[0]!;
+    throw new Error(`facilitator config: ${issue.path.join(".")}: ${issue.message}`);
+  }
+  const c = parsed.data;
+  if (!c.network) throw new Error("facilitator config: network is required (--network or X402_NETWORK)");
+  if (!c.rpcUrls?.length) throw new Error("facilitator config: at least one RPC URL is required (--rpc-url or X402_RPC_URLS)");
+  const signerKeys = inlineKeys ? parseSignerKeys(inlineKeys.join("\n")) : c.signerKeyFile ? parseSignerKeys(readKeyFile(c.signerKeyFile)) : [];
+  if (signerKeys.length === 0) throw new Error("facilitator config: no signer keys (--signer-key-file or X402_SIGNER_KEY_FILE)");
+  return {
+    network: c.network as Caip2,
+    rpcUrls: c.rpcUrls,
+    signerKeys,
+    schemes: c.schemes ?? ["exact"],
+    host: c.host ?? "127.0.0.1",
+    port: c.port ?? 4021,
+    receiptTimeoutMs: c.receiptTimeoutMs ?? 20_000,
+    bodyLimit: c.bodyLimit ?? 64 * 1024,
+    assets: (c.assets as AssetInfo[] | undefined) ?? networkInfo(c.network)?.assets ?? [],
+  };
+}
+
+function readKeyFile(path: string): string {
+  try {
+    return readFileSync(path, "utf8");
+  } catch (e) {
+    throw new Error(`cannot read signer key file ${path}: ${(e as NodeJS.ErrnoException).code ?? "error"}`);
+  }
+}

@@ -1,0 +1,95 @@
+// One chain's facilitator: the reference @x402/evm mechanisms on our signer, registered for
+// exactly this network, behind an explicit (scheme, network) table.
+import { x402Facilitator } from "@x402/core/facilitator";
+import type { PaymentPayload, PaymentRequirements, SettleResponse, SupportedResponse, VerifyResponse } from "@x402/core/types";
+import { ExactEvmScheme } from "@x402/evm/exact/facilitator";
+import { getAddress } from "viem";
+import { RequestError } from "../x402/errors.ts";
+import type { AssetInfo, Caip2 } from "../x402/networks.ts";
+import { checkSchemePayload } from "../x402/payloads.ts";
+import { normalizeRequest, pairKey, type Scheme } from "../x402/wire.ts";
+import type { Logger } from "../platform/logger.ts";
+import type { FleetSigner } from "./signer.ts";
+
+export interface FacilitatorOptions {
+  network: Caip2;
+  signer: FleetSigner;
+  schemes: Scheme[];
+  /** Known assets of this network: their EIP-712 domain fills a missing `extra` (service-shape requests carry none). */
+  assets: AssetInfo[];
+  logger: Logger;
+}
+
+export interface Facilitator {
+  verify(body: unknown): Promise<VerifyResponse>;
+  settle(body: unknown): Promise<SettleResponse>;
+  supported(): SupportedResponse;
+  pairs(): string[];
+}
+
+export function createFacilitator(opts: FacilitatorOptions): Facilitator {
+  const core = new x402Facilitator();
+  for (const scheme of opts.schemes) {
+    if (scheme === "exact") core.register(opts.network, new ExactEvmScheme(opts.signer));
+    // upto and batch-settlement are registered by their own mechanisms when enabled (see issue tracker).
+  }
+  const supported = core.getSupported() as SupportedResponse;
+  const pairs = supported.kinds.map((k) => pairKey(k.scheme, k.network));
+  const domainByAsset = new Map(opts.assets.filter((a) => a.eip712).map((a) => [getAddress(a.address), a.eip712!]));
+
+  function prepare(body: unknown): { payload: PaymentPayload; requirements: PaymentRequirements } {
+    const request = normalizeRequest(body);
+    const { paymentRequirements: requirements, paymentPayload: payload } = request;
+    if (!pairs.includes(pairKey(requirements.scheme, requirements.network))) {
+      throw new RequestError(
+        "unsupported_scheme_network",
+        `${pairKey(requirements.scheme, requirements.network)} is not served here; registered pairs: ${pairs.join(", ")}`,
+      );
+    }
+    checkSchemePayload(requirements.scheme, payload.payload);
+    const domain = domainByAsset.get(getAddress(requirements.asset));
+    if (domain && (requirements.extra.name === undefined || requirements.extra.version === undefined)) {
+      const extra = { name: domain.name, version: domain.version, ...requirements.extra };
+      return { payload: { ...payload, accepted: { ...payload.accepted, extra: { ...extra, ...payload.accepted.extra } } }, requirements: { ...requirements, extra } };
+    }
+    return { payload, requirements };
+  }
+
+  return {
+    pairs: () => [...pairs],
+    supported: () => supported,
+
+    async verify(body) {
+      const { payload, requirements } = prepare(body);
+      try {
+        return scrub(await core.verify(payload, requirements));
+      } catch (e) {
+        opts.logger.warn({ err: e, scheme: requirements.scheme }, "verify failed unexpectedly");
+        return { isValid: false, invalidReason: "unexpected_verify_error", invalidMessage: conciseMessage(e) };
+      }
+    },
+
+    async settle(body) {
+      const { payload, requirements } = prepare(body);
+      try {
+        return scrub(await core.settle(payload, requirements));
+      } catch (e) {
+        opts.logger.warn({ err: e, scheme: requirements.scheme }, "settle failed unexpectedly");
+        return { success: false, errorReason: "unexpected_settle_error", errorMessage: conciseMessage(e), transaction: "", network: requirements.network };
+      }
+    },
+  };
+}
+
+/** Mechanism messages can quote raw RPC errors (with the endpoint URL): keep them short and URL-free. */
+function scrub<T extends { invalidMessage?: string; errorMessage?: string }>(r: T): T {
+  if (r.invalidMessage !== undefined) r.invalidMessage = conciseMessage(r.invalidMessage);
+  if (r.errorMessage !== undefined) r.errorMessage = conciseMessage(r.errorMessage);
+  return r;
+}
+
+/** First line of an error, without URLs (an RPC URL may embed an API key). */
+export function conciseMessage(e: unknown): string {
+  const first = String((e as Error)?.message ?? e).split("\n")[0] ?? "";
+  return first.replace(/https?:\/\/\S+/g, "<rpc>").slice(0, 300);
+}

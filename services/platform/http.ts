@@ -1,0 +1,88 @@
+// The HTTP surface every /v2 service shares (router and facilitator): the contract's 404/405/400
+// behaviour, the error body `{"error": "<code>: <detail>"}`, body limits and JSON parsing.
+import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply } from "fastify";
+import { RequestError } from "../x402/errors.ts";
+import type { Logger } from "./logger.ts";
+
+export interface ContractHandlers {
+  verify(body: unknown): Promise<HandlerResult>;
+  settle(body: unknown): Promise<HandlerResult>;
+  supported(): Promise<HandlerResult>;
+}
+
+export interface HandlerResult {
+  status: number;
+  body: unknown;
+}
+
+export interface ContractAppOptions {
+  logger: Logger;
+  /** Largest accepted request body in bytes (larger → 413). */
+  bodyLimit?: number;
+  handlers: ContractHandlers;
+}
+
+export const DEFAULT_BODY_LIMIT = 64 * 1024;
+
+function sendError(reply: FastifyReply, err: RequestError, headers: Record<string, string> = {}) {
+  return reply.code(err.status).headers(headers).type("application/json").send(err.body());
+}
+
+function toRequestError(error: unknown): RequestError | undefined {
+  if (error instanceof RequestError) return error;
+  const e = error as { code?: string; statusCode?: number; message?: string };
+  switch (e?.code) {
+    case "FST_ERR_CTP_BODY_TOO_LARGE":
+      return new RequestError("payload_too_large", e.message ?? "request body is too large");
+    case "FST_ERR_CTP_INVALID_MEDIA_TYPE":
+      return new RequestError("unsupported_media_type", "send the body as application/json");
+    case "FST_ERR_CTP_EMPTY_JSON_BODY":
+      return new RequestError("invalid_json", "the request body is empty");
+    case "FST_ERR_CTP_INVALID_CONTENT_LENGTH":
+      return new RequestError("invalid_request", "content-length does not match the body");
+  }
+  if (e?.statusCode && e.statusCode >= 400 && e.statusCode < 500) {
+    return new RequestError("invalid_request", e.message ?? "bad request");
+  }
+  return undefined;
+}
+
+export function createContractApp(opts: ContractAppOptions): FastifyInstance {
+  const bodyLimit = opts.bodyLimit ?? DEFAULT_BODY_LIMIT;
+  const app = Fastify({ loggerInstance: opts.logger as FastifyBaseLogger, bodyLimit, return503OnClosing: true });
+
+  // One JSON parser for any content type: callers differ in what they send, the body is JSON either way.
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser("*", { parseAs: "string", bodyLimit }, (_req, body, done) => {
+    const text = typeof body === "string" ? body : body.toString("utf8");
+    if (text.trim() === "") return done(null, undefined);
+    try {
+      done(null, JSON.parse(text));
+    } catch (e) {
+      done(new RequestError("invalid_json", `the body is not valid JSON (${(e as Error).message})`), undefined);
+    }
+  });
+
+  app.setErrorHandler((error, request, reply) => {
+    const known = toRequestError(error);
+    if (known) return sendError(reply, known);
+    request.log.error({ err: error, url: request.url }, "unhandled error");
+    return sendError(reply, new RequestError("internal_error", "the request could not be processed; see the service logs"));
+  });
+
+  app.setNotFoundHandler((request, reply) =>
+    sendError(reply, new RequestError("not_found", `no endpoint ${request.method} ${request.url.split("?")[0]}; endpoints are POST /v2/verify, POST /v2/settle, GET /v2/supported`)),
+  );
+
+  const reply = (r: FastifyReply, result: HandlerResult) => r.code(result.status).type("application/json").send(result.body);
+  const methodNotAllowed = (allow: string) => async (request: { method: string; url: string }, r: FastifyReply) =>
+    sendError(r, new RequestError("method_not_allowed", `${request.method} is not allowed on ${request.url.split("?")[0]}; use ${allow}`), { allow });
+
+  for (const action of ["verify", "settle"] as const) {
+    app.post(`/v2/${action}`, async (request, r) => reply(r, await opts.handlers[action](request.body)));
+    app.route({ method: ["GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"], url: `/v2/${action}`, handler: methodNotAllowed("POST") });
+  }
+  app.get("/v2/supported", async (_request, r) => reply(r, await opts.handlers.supported()));
+  app.route({ method: ["POST", "PUT", "PATCH", "DELETE", "OPTIONS"], url: "/v2/supported", handler: methodNotAllowed("GET") });
+  return app;
+}

@@ -1,0 +1,102 @@
+// The public /v2 edge: validates and normalises requests once, routes on (scheme, network) to the
+// chain's facilitator service over keep-alive pools, and aggregates /supported from the table.
+import { Pool } from "undici";
+import type { SupportedResponse } from "@x402/core/types";
+import { RequestError } from "../x402/errors.ts";
+import { normalizeRequest, pairKey } from "../x402/wire.ts";
+import type { ContractHandlers, HandlerResult } from "../platform/http.ts";
+import type { Logger } from "../platform/logger.ts";
+import type { Backend, RoutingTable } from "./routing-table.ts";
+
+export interface RouterOptions {
+  logger: Logger;
+  verifyTimeoutMs?: number;
+  settleTimeoutMs?: number;
+}
+
+export interface Router extends ContractHandlers {
+  setTable(table: RoutingTable): void;
+  close(): Promise<void>;
+}
+
+interface Route {
+  backend: Backend;
+  pool: Pool;
+  basePath: string;
+}
+
+export function createRouter(opts: RouterOptions): Router {
+  let routes = new Map<string, Route>();
+  let pools = new Map<string, Pool>();
+  let supported: SupportedResponse = { kinds: [], extensions: [], signers: {} };
+
+  function setTable(table: RoutingTable) {
+    const nextPools = new Map<string, Pool>();
+    const nextRoutes = new Map<string, Route>();
+    for (const backend of table.backends) {
+      const url = new URL(backend.url);
+      const pool = pools.get(url.origin) ?? nextPools.get(url.origin) ?? new Pool(url.origin, { connections: 128, keepAliveTimeout: 30_000 });
+      nextPools.set(url.origin, pool);
+      const route = { backend, pool, basePath: url.pathname.replace(/\/$/, "") };
+      for (const k of backend.kinds) nextRoutes.set(pairKey(k.scheme, k.network), route);
+    }
+    for (const [origin, pool] of pools) if (!nextPools.has(origin)) void pool.close();
+    pools = nextPools;
+    routes = nextRoutes;
+    const signers = [...new Set(table.backends.flatMap((b) => b.signers))];
+    supported = {
+      kinds: table.backends.flatMap((b) => b.kinds),
+      extensions: [],
+      signers: signers.length ? { "eip155:*": signers } : {},
+    };
+  }
+
+  async function forward(action: "verify" | "settle", body: unknown): Promise<HandlerResult> {
+    const request = normalizeRequest(body);
+    const { scheme, network } = request.paymentRequirements;
+    const route = routes.get(pairKey(scheme, network));
+    if (!route) {
+      const registered = [...routes.keys()];
+      throw new RequestError(
+        "unsupported_scheme_network",
+        `no facilitator for ${pairKey(scheme, network)}; registered pairs: ${registered.length ? registered.join(", ") : "(none)"}`,
+      );
+    }
+    const timeout = action === "verify" ? (opts.verifyTimeoutMs ?? 30_000) : (opts.settleTimeoutMs ?? 60_000);
+    let res;
+    try {
+      res = await route.pool.request({
+        method: "POST",
+        path: `${route.basePath}/${action}`,
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify(request),
+        headersTimeout: timeout,
+        bodyTimeout: timeout,
+      });
+    } catch (e) {
+      const code = (e as { code?: string }).code;
+      opts.logger.warn({ network, code }, "facilitator backend request failed");
+      if (code === "UND_ERR_HEADERS_TIMEOUT" || code === "UND_ERR_BODY_TIMEOUT") {
+        throw new RequestError("backend_timeout", `the facilitator for ${network} did not answer within ${timeout} ms`);
+      }
+      throw new RequestError("backend_unavailable", `the facilitator for ${network} cannot be reached (${code ?? "connection failed"})`);
+    }
+    const text = await res.body.text();
+    try {
+      return { status: res.statusCode, body: JSON.parse(text) };
+    } catch {
+      opts.logger.warn({ network, status: res.statusCode }, "facilitator backend answered non-JSON");
+      throw new RequestError("backend_unavailable", `the facilitator for ${network} answered HTTP ${res.statusCode} without a JSON body`);
+    }
+  }
+
+  return {
+    setTable,
+    verify: (body) => forward("verify", body),
+    settle: (body) => forward("settle", body),
+    supported: async () => ({ status: 200, body: supported }),
+    close: async () => {
+      await Promise.all([...pools.values()].map((p) => p.close()));
+    },
+  };
+}

@@ -1,0 +1,50 @@
+// Request-level errors: the contract's HTTP error body `{"error": "<code>: <detail>"}`.
+// Payment-level outcomes are not errors: they are 200 responses with x402 reason codes.
+
+export type RequestErrorCode =
+  | "invalid_json"
+  | "invalid_request"
+  | "invalid_payload"
+  | "unsupported_version"
+  | "unsupported_scheme_network"
+  | "amount_mismatch"
+  | "unsupported_media_type"
+  | "payload_too_large"
+  | "not_found"
+  | "method_not_allowed"
+  | "backend_unavailable"
+  | "backend_timeout"
+  | "rate_limited"
+  | "internal_error";
+
+const STATUS: Record<RequestErrorCode, number> = {
+  invalid_json: 400,
+  invalid_request: 400,
+  invalid_payload: 400,
+  unsupported_version: 400,
+  unsupported_scheme_network: 400,
+  amount_mismatch: 400,
+  unsupported_media_type: 415,
+  payload_too_large: 413,
+  not_found: 404,
+  method_not_allowed: 405,
+  backend_unavailable: 503,
+  backend_timeout: 504,
+  rate_limited: 429,
+  internal_error: 500,
+};
+
+export class RequestError extends Error {
+  readonly status: number;
+  constructor(
+    readonly code: RequestErrorCode,
+    readonly detail: string,
+  ) {
+    super(`${code}: ${detail}`);
+    this.status = STATUS[code];
+  }
+
+  body(): { error: string } {
+    return { error: this.message };
+  }
+}

@@ -1,0 +1,155 @@
+// Wire schemas for the facilitator API and the normaliser that turns both accepted request
+// shapes (the service contract's and standard x402 v2) into one internal form, once, at the edge.
+import { z } from "zod";
+import type { PaymentPayload, PaymentRequirements } from "@x402/core/types";
+import { RequestError } from "./errors.ts";
+import { CAIP2_PATTERN } from "./networks.ts";
+
+export const SCHEMES = ["exact", "upto", "batch-settlement"] as const;
+export type Scheme = (typeof SCHEMES)[number];
+
+const MAX_UINT256 = (1n << 256n) - 1n;
+
+export const hexAddress = z.string().regex(/^0x[0-9a-fA-F]{40}$/, "expected a 0x-prefixed 20-byte hex address");
+export const hexBytes = z.string().regex(/^0x(?:[0-9a-fA-F]{2})*$/, "expected 0x-prefixed hex bytes");
+export const bytes32 = z.string().regex(/^0x[0-9a-fA-F]{64}$/, "expected 0x-prefixed 32-byte hex");
+const UINT_PATTERN = /^(0|[1-9][0-9]*)$/;
+export const uintString = z
+  .string()
+  .regex(UINT_PATTERN, "expected a non-negative decimal integer string")
+  .refine((s) => !UINT_PATTERN.test(s) || (s.length <= 78 && BigInt(s) <= MAX_UINT256), "exceeds uint256");
+const network = z.string().regex(CAIP2_PATTERN, "expected a CAIP-2 eip155 network such as eip155:8453");
+const scheme = z.string().min(1).max(64);
+
+const requirementsFields = {
+  scheme,
+  network,
+  asset: hexAddress,
+  payTo: hexAddress,
+  amount: uintString.optional(),
+  maxAmountRequired: uintString.optional(),
+  maxTimeoutSeconds: z.number().int().positive().max(31_536_000),
+  extra: z.record(z.unknown()).optional(),
+  resource: z.string().max(4096).optional(),
+  description: z.string().max(4096).optional(),
+  mimeType: z.string().max(256).optional(),
+};
+const requirementsSchema = z.object(requirementsFields);
+type RawRequirements = z.infer<typeof requirementsSchema>;
+
+const resourceInfo = z.object({ url: z.string().max(4096), description: z.string().max(4096).optional(), mimeType: z.string().max(256).optional() });
+
+const payloadSchema = z.object({
+  x402Version: z.number().int(),
+  scheme: scheme.optional(),
+  network: network.optional(),
+  accepted: requirementsSchema.optional(),
+  payload: z.record(z.unknown()),
+  resource: z.union([resourceInfo, z.string().max(4096)]).optional(),
+  extensions: z.record(z.unknown()).optional(),
+});
+
+/** The one internal form everything downstream of the edge sees. */
+export interface FacilitatorRequest {
+  x402Version: 2;
+  paymentPayload: PaymentPayload;
+  paymentRequirements: PaymentRequirements;
+}
+
+function describeIssue(prefix: string, issue: z.ZodIssue): string {
+  const path = [prefix, ...issue.path].filter((p) => p !== "").join(".");
+  if (issue.code === "invalid_type" && issue.received === "undefined") return `${path} is required`;
+  return `${path}: ${issue.message}`;
+}
+
+function parseOrThrow<T>(schema: z.ZodType<T>, value: unknown, prefix: string, code: "invalid_request" | "invalid_payload" = "invalid_request"): T {
+  const result = schema.safeParse(value);
+  if (!result.success) {
+    const issue = result.error.issues[0]!;
+    throw new RequestError(code, describeIssue(prefix, issue));
+  }
+  return result.data;
+}
+
+function amountOf(req: RawRequirements, where: string): string {
+  if (req.amount !== undefined && req.maxAmountRequired !== undefined && req.amount !== req.maxAmountRequired) {
+    throw new RequestError("amount_mismatch", `${where}.amount (${req.amount}) and ${where}.maxAmountRequired (${req.maxAmountRequired}) differ`);
+  }
+  const amount = req.amount ?? req.maxAmountRequired;
+  if (amount === undefined) throw new RequestError("invalid_request", `${where}.amount (or maxAmountRequired) is required`);
+  return amount;
+}
+
+function toRequirements(req: RawRequirements, where: string): PaymentRequirements {
+  return {
+    scheme: req.scheme,
+    network: req.network as PaymentRequirements["network"],
+    asset: req.asset,
+    amount: amountOf(req, where),
+    payTo: req.payTo,
+    maxTimeoutSeconds: req.maxTimeoutSeconds,
+    extra: req.extra ?? {},
+  };
+}
+
+/**
+ * Validates a /verify or /settle body and returns the internal form.
+ * Throws RequestError (HTTP 400) for anything malformed.
+ */
+export function normalizeRequest(body: unknown): FacilitatorRequest {
+  if (typeof body !== "object" || body === null || Array.isArray(body)) {
+    throw new RequestError("invalid_request", "body must be a JSON object with paymentPayload and paymentRequirements");
+  }
+  const envelope = body as Record<string, unknown>;
+  const rawPayload = envelope.paymentPayload;
+  if (typeof rawPayload !== "object" || rawPayload === null || Array.isArray(rawPayload)) {
+    throw new RequestError("invalid_request", "paymentPayload is required and must be an object");
+  }
+  if (typeof envelope.paymentRequirements !== "object" || envelope.paymentRequirements === null || Array.isArray(envelope.paymentRequirements)) {
+    throw new RequestError("invalid_request", "paymentRequirements is required and must be an object");
+  }
+  const version = (rawPayload as Record<string, unknown>).x402Version;
+  if (version === undefined) {
+    const hint = envelope.x402Version !== undefined ? " (a top-level x402Version is not read: put it inside paymentPayload)" : "";
+    throw new RequestError("unsupported_version", `paymentPayload.x402Version is missing${hint}`);
+  }
+  if (version !== 2) {
+    throw new RequestError("unsupported_version", `paymentPayload.x402Version ${JSON.stringify(version)} is not served; this facilitator speaks x402 version 2`);
+  }
+  const payload = parseOrThrow(payloadSchema, rawPayload, "paymentPayload");
+  const requirements = toRequirements(parseOrThrow(requirementsSchema, envelope.paymentRequirements, "paymentRequirements"), "paymentRequirements");
+
+  let accepted: PaymentRequirements;
+  if (payload.accepted) {
+    accepted = toRequirements(payload.accepted, "paymentPayload.accepted");
+  } else if (payload.scheme !== undefined && payload.network !== undefined) {
+    // Service shape: the payload names only scheme and network; the rest is what was required.
+    accepted = { ...requirements, scheme: payload.scheme, network: payload.network as PaymentRequirements["network"] };
+  } else {
+    throw new RequestError("invalid_request", "paymentPayload needs either accepted (x402 v2) or scheme and network");
+  }
+
+  const resourceUrl = typeof payload.resource === "string" ? payload.resource : payload.resource?.url;
+  const rawReq = envelope.paymentRequirements as Record<string, unknown>;
+  const resource = payload.resource && typeof payload.resource === "object"
+    ? payload.resource
+    : resourceUrl !== undefined || typeof rawReq.resource === "string"
+      ? { url: resourceUrl ?? (rawReq.resource as string) }
+      : undefined;
+
+  return {
+    x402Version: 2,
+    paymentPayload: {
+      x402Version: 2,
+      accepted,
+      payload: payload.payload,
+      ...(resource && { resource }),
+      ...(payload.extensions && { extensions: payload.extensions }),
+    },
+    paymentRequirements: requirements,
+  };
+}
+
+export function pairKey(scheme: string, network: string): string {
+  return `${scheme}@${network}`;
+}
