@@ -115,7 +115,7 @@ export async function setupDevnetChain(opts: SetupDevnetChainOptions): Promise<v
   const proxy = devnetContract(contracts, "DevnetExactPermit2Proxy");
 
   // 1. Code and ETH balances (all independent of each other).
-  const funded = new Set<string>([DEVNET_MINTER_ADDRESS, ...opts.gasFunded, ...payers.map((p) => p.account.address)].map((a) => a.toLowerCase()));
+  const funded = new Set<string>([...opts.gasFunded, ...payers.map((p) => p.account.address)].map((a) => a.toLowerCase()));
   const senders = [DEVNET_MINTER_ADDRESS, ...payers.filter((p) => p.permit2Approved).map((p) => p.account.address)];
   const [, nonces, latest] = await Promise.all([
     Promise.all([

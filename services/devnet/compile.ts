@@ -2,7 +2,7 @@
 // caches the artifacts under node_modules/.cache/x402-fleet/, keyed by the sources, the compiler
 // version and the settings, so every later call (and every later process) skips the ~1 s compile.
 import { createHash } from "node:crypto";
-import { mkdirSync, readdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -21,6 +21,7 @@ export const DEVNET_EVM_VERSION = "cancun";
 
 const CONTRACTS_DIR = fileURLToPath(new URL("./contracts/", import.meta.url));
 const CACHE_FORMAT = 1;
+const CACHE_PREFIX = "devnet-contracts-";
 
 const SETTINGS = {
   optimizer: { enabled: true, runs: 200 },
@@ -92,6 +93,11 @@ function writeCache(file: string, data: CacheFile): void {
     const tmp = `${file}.${process.pid}.tmp`;
     writeFileSync(tmp, JSON.stringify(data));
     renameSync(tmp, file); // atomic: parallel processes never read a half-written file
+    for (const old of readdirSync(dirname(file))) {
+      if (old.startsWith(CACHE_PREFIX) && old.endsWith(".json") && join(dirname(file), old) !== file) {
+        rmSync(join(dirname(file), old), { force: true }); // artifacts of older sources
+      }
+    }
   } catch {
     // read-only node_modules: still correct, only slower next time
   }
@@ -143,7 +149,7 @@ export function compileDevnetContracts(): Promise<CompiledContracts> {
   const sources = readSources();
   const key = cacheKey(sources, solcPackageVersion());
   if (memo?.key === key) return memo.result;
-  const file = join(cacheDir(), `devnet-contracts-${key.slice(0, 16)}.json`);
+  const file = join(cacheDir(), `${CACHE_PREFIX}${key.slice(0, 16)}.json`);
   const result = (async () => {
     const cached = readCache(file, key);
     if (cached) return cached;

@@ -1,0 +1,116 @@
+// The one SQL layer of the project: an embedded PostgreSQL (PGlite, persisted under a data
+// directory) by default, a real PostgreSQL server when DATABASE_URL is set. Same SQL, same
+// versioned migrations, either way.
+import { mkdirSync } from "node:fs";
+
+export interface Queryable {
+  query<T = Record<string, unknown>>(sql: string, params?: unknown[]): Promise<T[]>;
+}
+
+export interface Database extends Queryable {
+  readonly kind: "embedded" | "postgres";
+  /** Runs fn in one transaction; rolls back if it throws. */
+  transaction<T>(fn: (tx: Queryable) => Promise<T>): Promise<T>;
+  close(): Promise<void>;
+}
+
+export interface Migration {
+  /** Unique and ordered within its component, e.g. "settlement/001_outbox". */
+  id: string;
+  sql: string;
+}
+
+export interface OpenDatabaseOptions {
+  /** postgres://… to use a server; otherwise the embedded engine. */
+  url?: string;
+  /** Where the embedded engine keeps its files; omit for an in-memory database. */
+  dataDir?: string;
+  migrations?: Migration[];
+}
+
+async function openEmbedded(dataDir?: string): Promise<Database> {
+  const { PGlite } = await import("@electric-sql/pglite");
+  if (dataDir) mkdirSync(dataDir, { recursive: true });
+  const db = await PGlite.create(dataDir ? { dataDir } : {});
+  return {
+    kind: "embedded",
+    query: async (sql, params) => (await db.query(sql, params)).rows as never[],
+    transaction: (fn) => db.transaction((tx) => fn({ query: async (sql, params) => (await tx.query(sql, params)).rows as never[] })),
+    close: () => db.close(),
+  };
+}
+
+async function openPostgres(url: string): Promise<Database> {
+  const { default: pg } = await import("pg");
+  // int8 and numeric come back as strings (amounts and nonces must not lose precision).
+  const pool = new pg.Pool({ connectionString: url, max: 10 });
+  pool.on("error", () => undefined); // an idle client dropping is not fatal; the next query reconnects
+  return {
+    kind: "postgres",
+    query: async (sql, params) => (await pool.query(sql, params as unknown[])).rows,
+    async transaction(fn) {
+      const client = await pool.connect();
+      try {
+        await client.query("BEGIN");
+        const result = await fn({ query: async (sql, params) => (await client.query(sql, params as unknown[])).rows });
+        await client.query("COMMIT");
+        return result;
+      } catch (e) {
+        await client.query("ROLLBACK").catch(() => undefined);
+        throw e;
+      } finally {
+        client.release();
+      }
+    },
+    close: () => pool.end(),
+  };
+}
+
+/** Applies migrations not yet applied, in order, each in its own transaction; safe to run from several processes at once. */
+export async function migrate(db: Database, migrations: Migration[]): Promise<string[]> {
+  await db.query("CREATE TABLE IF NOT EXISTS schema_migrations (id text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())");
+  const applied: string[] = [];
+  for (const m of migrations) {
+    const done = await db.transaction(async (tx) => {
+      // Serialise concurrent migrators (several replicas starting at once) on one advisory lock.
+      await tx.query("SELECT pg_advisory_xact_lock(402402)");
+      const seen = await tx.query("SELECT 1 FROM schema_migrations WHERE id = $1", [m.id]);
+      if (seen.length) return false;
+      for (const statement of splitStatements(m.sql)) await tx.query(statement);
+      await tx.query("INSERT INTO schema_migrations (id) VALUES ($1)", [m.id]);
+      return true;
+    });
+    if (done) applied.push(m.id);
+  }
+  return applied;
+}
+
+/** Splits a migration into statements (parameterised query APIs take one at a time). */
+function splitStatements(sql: string): string[] {
+  return sql
+    .split(/;\s*(?:\n|$)/)
+    .map((s) => s.trim())
+    .filter(Boolean);
+}
+
+export async function openDatabase(opts: OpenDatabaseOptions = {}): Promise<Database> {
+  const db = opts.url ? await openPostgres(opts.url) : await openEmbedded(opts.dataDir);
+  try {
+    if (opts.migrations?.length) await migrate(db, opts.migrations);
+  } catch (e) {
+    await db.close();
+    throw e;
+  }
+  return db;
+}
+
+/** Safe to log: the scheme, host and database of a URL, never its credentials. */
+export function describeDatabase(url?: string): string {
+  if (!url) return "embedded";
+  try {
+    const u = new URL(url);
+    return `${u.protocol}//${u.hostname}${u.port ? `:${u.port}` : ""}${u.pathname}`;
+  } catch {
+    return "postgres";
+  }
+}

@@ -1,0 +1,66 @@
+// The SQL layer against both engines: the embedded one and the PostgreSQL server of this machine.
+import { afterAll, describe, expect, it } from "vitest";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { openDatabase, migrate, describeDatabase, type Database } from "../services/platform/storage.ts";
+
+export const PG_URL = process.env.TEST_DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
+const dirs: string[] = [];
+afterAll(async () => Promise.all(dirs.map((d) => rm(d, { recursive: true, force: true }))));
+
+const migrations = (table: string) => [
+  { id: `${table}/001`, sql: `CREATE TABLE ${table} (id text PRIMARY KEY, n numeric(78,0) NOT NULL);\nCREATE INDEX ${table}_n ON ${table} (n);` },
+  { id: `${table}/002`, sql: `ALTER TABLE ${table} ADD COLUMN note text` },
+];
+
+describe.each([
+  ["embedded", async (table: string) => {
+    const dir = await mkdtemp(join(tmpdir(), "x402-db-"));
+    dirs.push(dir);
+    return { open: () => openDatabase({ dataDir: dir, migrations: migrations(table) }) };
+  }],
+  ["postgres", async (table: string) => {
+    const db = await openDatabase({ url: PG_URL });
+    await db.query(`DROP TABLE IF EXISTS ${table}`);
+    await db.query(`DELETE FROM schema_migrations WHERE id LIKE '${table}/%'`).catch(() => undefined);
+    await db.close();
+    return { open: () => openDatabase({ url: PG_URL, migrations: migrations(table) }) };
+  }],
+])("%s engine", (kind, prepare) => {
+  it("applies migrations once, keeps data across reopen, and keeps uint256 exact", async () => {
+    const table = `t_storage_${kind}_${process.pid}`;
+    const { open } = await prepare(table);
+    let db: Database = await open();
+    expect(db.kind).toBe(kind);
+    const max = ((1n << 256n) - 1n).toString();
+    await db.query(`INSERT INTO ${table} (id, n, note) VALUES ($1, $2, $3)`, ["a", max, "x"]);
+    await db.close();
+    db = await open();
+    expect(await migrate(db, migrations(table))).toEqual([]);
+    const rows = await db.query<{ n: string; note: string }>(`SELECT n::text AS n, note FROM ${table} WHERE id = $1`, ["a"]);
+    expect(rows).toEqual([{ n: max, note: "x" }]);
+    await db.close();
+  });
+
+  it("rolls back a failed transaction entirely", async () => {
+    const table = `t_tx_${kind}_${process.pid}`;
+    const { open } = await prepare(table);
+    const db = await open();
+    await expect(
+      db.transaction(async (tx) => {
+        await tx.query(`INSERT INTO ${table} (id, n) VALUES ('b', 1)`);
+        await tx.query(`INSERT INTO ${table} (id, n) VALUES ('b', 2)`); // duplicate key
+      }),
+    ).rejects.toThrow();
+    expect(await db.query(`SELECT * FROM ${table}`)).toEqual([]);
+    await db.close();
+  });
+});
+
+describe("describeDatabase", () => {
+  it("never shows credentials", () => {
+    expect(describeDatabase("postgres://user:s3cret@db.internal:5432/x402")).toBe("postgres://db.internal:5432/x402");
+    expect(describeDatabase(undefined)).toBe("embedded");
+  });
+});
