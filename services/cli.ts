@@ -12,11 +12,12 @@ commands:
                 --networks eip155:8453,eip155:56   --port 4020   --state-dir .devnet
   facilitator   serve one network
                 --network eip155:8453 --rpc-url URL [--rpc-url URL2] --signer-key-file FILE
-                --schemes exact --port 4021 --host 127.0.0.1 --config FILE.json
-                (env: X402_NETWORK, X402_RPC_URLS, X402_SIGNER_KEY_FILE, X402_SCHEMES, PORT, HOST)
+                --schemes exact --port 4021 --admin-port 9421 --host 127.0.0.1 --config FILE.json
+                (env: X402_NETWORK, X402_RPC_URLS, X402_SIGNER_KEY_FILE, X402_SCHEMES, PORT, ADMIN_PORT, HOST,
+                 X402_RECEIPT_TIMEOUT_MS, X402_MIN_SIGNER_BALANCE_WEI, OTEL_EXPORTER_OTLP_ENDPOINT)
   router        the public /v2 edge
-                --routing-table FILE --port 4020 --host 127.0.0.1
-                (env: X402_ROUTING_TABLE, PORT, HOST)
+                --routing-table FILE --port 4020 --admin-port 9420 --host 127.0.0.1
+                (env: X402_ROUTING_TABLE, PORT, ADMIN_PORT, HOST, OTEL_EXPORTER_OTLP_ENDPOINT)
   pay           sign, verify and settle an example payment on a running devnet
                 --network eip155:8453 --amount 10000 [--method eip3009|permit2] [--state-dir .devnet]
                 [--body-only: print the signed request body for curl instead of sending it]
@@ -49,12 +50,17 @@ export async function main(argv: string[]): Promise<void> {
       schemes: { type: "string" },
       config: { type: "string" },
       "routing-table": { type: "string" },
+      "admin-port": { type: "string" },
       amount: { type: "string" },
       method: { type: "string" },
       "body-only": { type: "boolean" },
     },
   });
   const port = values.port ?? process.env.PORT;
+  if (command && ["devnet", "facilitator", "router", "hub", "operator", "wallets"].includes(command)) {
+    const { startTracing } = await import("./platform/tracing.ts");
+    await startTracing(`x402-fleet-${command}`);
+  }
 
   switch (command) {
     case "devnet": {
@@ -81,6 +87,7 @@ export async function main(argv: string[]): Promise<void> {
         schemes: values.schemes?.split(",") as Scheme[] | undefined,
         host: values.host,
         port: values.port !== undefined ? Number(values.port) : undefined,
+        adminPort: values["admin-port"] !== undefined ? Number(values["admin-port"]) : undefined,
       });
       const running = await startFacilitatorService(config);
       onShutdown(running.close);
@@ -90,7 +97,13 @@ export async function main(argv: string[]): Promise<void> {
       const { startRouterService } = await import("./router/service.ts");
       const routingTablePath = values["routing-table"] ?? process.env.X402_ROUTING_TABLE;
       if (!routingTablePath) throw new Error("router: --routing-table (or X402_ROUTING_TABLE) is required");
-      const running = await startRouterService({ routingTablePath, host: values.host ?? process.env.HOST ?? "127.0.0.1", port: Number(port ?? 4020) });
+      const adminPort = values["admin-port"] ?? process.env.ADMIN_PORT;
+      const running = await startRouterService({
+        routingTablePath,
+        host: values.host ?? process.env.HOST ?? "127.0.0.1",
+        port: Number(port ?? 4020),
+        adminPort: adminPort !== undefined ? Number(adminPort) : undefined,
+      });
       onShutdown(running.close);
       return;
     }

@@ -35,12 +35,15 @@ export interface DevnetNetwork {
   chainId: number;
   rpcUrl: string;
   facilitatorUrl: string;
+  /** /metrics, /healthz, /readyz of that network's facilitator. */
+  adminUrl: string;
   signers: Address[];
   assets: AssetInfo[];
 }
 
 export interface DevnetInfo {
   routerUrl: string;
+  routerAdminUrl: string;
   hubUrl: string | null;
   networks: DevnetNetwork[];
   payers: { address: Address; privateKey: Hex; permit2Approved: boolean }[];
@@ -102,6 +105,7 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
           schemes: ["exact"],
           host,
           port: routerPort === 0 ? 0 : routerPort + 101 + i,
+          adminPort: routerPort === 0 ? 0 : routerPort + 201 + i,
         });
         const facilitator = await startFacilitatorService(config, logger.child({ service: "facilitator" }));
         facilitators.push(facilitator);
@@ -119,16 +123,21 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
     };
     const routingTablePath = join(stateDir, "routing.json");
     await writeFile(routingTablePath, JSON.stringify(table, null, 2));
-    router = await startRouterService({ routingTablePath, host, port: routerPort }, logger.child({ service: "router" }));
+    router = await startRouterService(
+      { routingTablePath, host, port: routerPort, adminPort: routerPort === 0 ? 0 : routerPort + 100 },
+      logger.child({ service: "router" }),
+    );
 
     const info: DevnetInfo = {
       routerUrl: router.url,
+      routerAdminUrl: router.adminUrl,
       hubUrl: null,
       networks: networks.map(({ net, anvil, facilitator }) => ({
         network: net.network,
         chainId: net.chainId,
         rpcUrl: anvil.rpcUrl,
         facilitatorUrl: facilitator.url,
+        adminUrl: facilitator.adminUrl,
         signers: facilitator.signers as Address[],
         assets: net.assets,
       })),
@@ -152,6 +161,7 @@ export function devnetGuide(info: DevnetInfo, infoPath: string): string {
     "",
     `  router      ${info.routerUrl}   (POST /verify, POST /settle, GET /supported)`,
     ...info.networks.map((n) => `  ${n.network.padEnd(13)} rpc ${n.rpcUrl}   facilitator ${n.facilitatorUrl}`),
+    `  metrics     ${info.routerAdminUrl}/metrics   (and /healthz, /readyz; each facilitator's adminUrl in the details)`,
     `  details     ${infoPath}`,
     "",
     "Try it:",

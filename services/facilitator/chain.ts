@@ -1,11 +1,16 @@
 // The chain client of one facilitator: viem over one or more RPC endpoints with fallback,
-// short timeouts, and a chain-id check before anything is served.
+// short timeouts, a metric and a span for every RPC round trip, and a chain-id check before
+// anything is served. Endpoints are named by host only: provider URLs often embed API keys.
+import { SpanKind } from "@opentelemetry/api";
 import { createPublicClient, defineChain, fallback, http, type Chain, type PublicClient } from "viem";
 import { endpointName } from "../platform/logger.ts";
+import type { Metrics } from "../platform/metrics.ts";
+import { withSpan } from "../platform/tracing.ts";
 
 export interface ChainClientOptions {
   chainId: number;
   rpcUrls: string[];
+  metrics?: Metrics;
   /** How often receipts and blocks are polled, in ms. */
   pollingIntervalMs?: number;
   rpcTimeoutMs?: number;
@@ -18,15 +23,54 @@ export interface ChainClient {
   endpoints: string[];
 }
 
+function rpcMethodOf(body: unknown): string {
+  try {
+    const parsed = JSON.parse(String(body));
+    if (Array.isArray(parsed)) return "batch";
+    const method = String(parsed?.method ?? "unknown");
+    return /^[a-zA-Z0-9_]{1,64}$/.test(method) ? method : "unknown";
+  } catch {
+    return "unknown";
+  }
+}
+
+/** A fetch that records each JSON-RPC round trip as a metric and a client span. */
+function instrumentedFetch(network: string, endpoint: string, metrics?: Metrics): typeof fetch {
+  return (input, init) => {
+    const method = rpcMethodOf(init?.body);
+    return withSpan(`rpc ${method}`, { "rpc.system": "jsonrpc", "rpc.method": method, "x402.network": network, "x402.rpc.endpoint": endpoint }, async () => {
+      const end = metrics?.rpcDuration.startTimer({ network, endpoint });
+      let result = "error";
+      try {
+        const res = await fetch(input, init);
+        if (res.ok) {
+          const json = await res.clone().json().catch(() => undefined);
+          const hasError = Array.isArray(json) ? json.some((j) => j?.error) : Boolean(json?.error);
+          result = hasError ? "rpc_error" : "ok";
+        } else {
+          result = `http_${res.status}`;
+        }
+        return res;
+      } finally {
+        end?.();
+        metrics?.rpcRequests.inc({ network, endpoint, method, result });
+      }
+    }, SpanKind.CLIENT);
+  };
+}
+
 export function createChainClient(opts: ChainClientOptions): ChainClient {
   if (opts.rpcUrls.length === 0) throw new Error("at least one RPC URL is required");
+  const network = `eip155:${opts.chainId}`;
   const chain = defineChain({
     id: opts.chainId,
-    name: `eip155:${opts.chainId}`,
+    name: network,
     nativeCurrency: { name: "Ether", symbol: "ETH", decimals: 18 },
     rpcUrls: { default: { http: [] } },
   });
-  const transports = opts.rpcUrls.map((url) => http(url, { timeout: opts.rpcTimeoutMs ?? 10_000, retryCount: 1 }));
+  const transports = opts.rpcUrls.map((url) =>
+    http(url, { timeout: opts.rpcTimeoutMs ?? 10_000, retryCount: 1, fetchFn: instrumentedFetch(network, endpointName(url), opts.metrics) }),
+  );
   const client = createPublicClient({
     chain,
     transport: transports.length === 1 ? transports[0]! : fallback(transports, { rank: false }),
@@ -35,14 +79,18 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
   return { chain, client, endpoints: opts.rpcUrls.map(endpointName) };
 }
 
+/** The chain id the RPC reports, or an error that names endpoints by host only. */
+export async function reportedChainId(chain: ChainClient): Promise<number> {
+  try {
+    return await chain.client.getChainId();
+  } catch (e) {
+    throw new Error(`RPC ${chain.endpoints.join(", ")} did not answer eth_chainId: ${(e as Error).name}`);
+  }
+}
+
 /** Refuses to serve a network whose RPC reports another chain. */
 export async function assertChainId(chain: ChainClient): Promise<void> {
-  let reported: number;
-  try {
-    reported = await chain.client.getChainId();
-  } catch (e) {
-    throw new Error(`RPC ${chain.endpoints.join(", ")} did not answer eth_chainId: ${(e as Error).message.split("\n")[0]}`);
-  }
+  const reported = await reportedChainId(chain);
   if (reported !== chain.chain.id) {
     throw new Error(`RPC ${chain.endpoints.join(", ")} reports chain id ${reported}, but this facilitator serves eip155:${chain.chain.id}`);
   }

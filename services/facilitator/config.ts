@@ -15,6 +15,9 @@ export interface FacilitatorConfig {
   receiptTimeoutMs: number;
   assets: AssetInfo[];
   bodyLimit: number;
+  adminPort: number;
+  /** A signer with no more than this (wei) counts as unfunded. */
+  minSignerBalanceWei: bigint;
 }
 
 const keyPattern = /^0x[0-9a-fA-F]{64}$/;
@@ -27,6 +30,8 @@ const fileSchema = z
     schemes: z.array(z.enum(SCHEMES)).min(1),
     host: z.string(),
     port: z.number().int().min(0).max(65535),
+    adminPort: z.number().int().min(0).max(65535),
+    minSignerBalanceWei: z.string().regex(/^[0-9]+$/),
     receiptTimeoutMs: z.number().int().positive(),
     bodyLimit: z.number().int().positive(),
     assets: z.array(
@@ -66,6 +71,8 @@ export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorCon
     schemes: list(env.X402_SCHEMES) as Scheme[] | undefined,
     host: env.HOST,
     port: env.PORT ? Number(env.PORT) : undefined,
+    adminPort: env.ADMIN_PORT ? Number(env.ADMIN_PORT) : undefined,
+    minSignerBalanceWei: env.X402_MIN_SIGNER_BALANCE_WEI,
     receiptTimeoutMs: env.X402_RECEIPT_TIMEOUT_MS ? Number(env.X402_RECEIPT_TIMEOUT_MS) : undefined,
   };
 }
@@ -96,6 +103,8 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
     port: c.port ?? 4021,
     receiptTimeoutMs: c.receiptTimeoutMs ?? 20_000,
     bodyLimit: c.bodyLimit ?? 64 * 1024,
+    adminPort: c.adminPort ?? (c.port === 0 ? 0 : 9421), // an ephemeral public port implies an ephemeral admin port
+    minSignerBalanceWei: BigInt(c.minSignerBalanceWei ?? "0"),
     assets: (c.assets as AssetInfo[] | undefined) ?? networkInfo(c.network)?.assets ?? [],
   };
 }

@@ -9,6 +9,8 @@ import type { AssetInfo, Caip2 } from "../x402/networks.ts";
 import { checkSchemePayload } from "../x402/payloads.ts";
 import { normalizeRequest, pairKey, type Scheme } from "../x402/wire.ts";
 import type { Logger } from "../platform/logger.ts";
+import { reasonLabel, type Metrics } from "../platform/metrics.ts";
+import { withSpan } from "../platform/tracing.ts";
 import type { FleetSigner } from "./signer.ts";
 
 export interface FacilitatorOptions {
@@ -18,6 +20,7 @@ export interface FacilitatorOptions {
   /** Known assets of this network: their EIP-712 domain fills a missing `extra` (service-shape requests carry none). */
   assets: AssetInfo[];
   logger: Logger;
+  metrics: Metrics;
 }
 
 export interface Facilitator {
@@ -61,22 +64,43 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
 
     async verify(body) {
       const { payload, requirements } = prepare(body);
-      try {
-        return scrub(await core.verify(payload, requirements));
-      } catch (e) {
-        opts.logger.warn({ err: e, scheme: requirements.scheme }, "verify failed unexpectedly");
-        return { isValid: false, invalidReason: "unexpected_verify_error", invalidMessage: conciseMessage(e) };
-      }
+      const labels = { network: opts.network, scheme: requirements.scheme };
+      const end = opts.metrics.verifyDuration.startTimer(labels);
+      const response = await withSpan("facilitator.verify", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
+        let r: VerifyResponse;
+        try {
+          r = scrub(await core.verify(payload, requirements));
+        } catch (e) {
+          opts.logger.warn({ err: errorSummary(e), scheme: requirements.scheme }, "verify failed unexpectedly");
+          r = { isValid: false, invalidReason: "unexpected_verify_error", invalidMessage: conciseMessage(e) };
+        }
+        span.setAttributes({ "x402.valid": r.isValid, "x402.reason": reasonLabel(r.invalidReason) });
+        return r;
+      });
+      end();
+      opts.metrics.verifyTotal.inc({ ...labels, result: response.isValid ? "valid" : "invalid", reason: reasonLabel(response.invalidReason) });
+      return response;
     },
 
     async settle(body) {
       const { payload, requirements } = prepare(body);
-      try {
-        return scrub(await core.settle(payload, requirements));
-      } catch (e) {
-        opts.logger.warn({ err: e, scheme: requirements.scheme }, "settle failed unexpectedly");
-        return { success: false, errorReason: "unexpected_settle_error", errorMessage: conciseMessage(e), transaction: "", network: requirements.network };
-      }
+      const labels = { network: opts.network, scheme: requirements.scheme };
+      const end = opts.metrics.settleDuration.startTimer(labels);
+      const response = await withSpan("facilitator.settle", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
+        let r: SettleResponse;
+        try {
+          r = scrub(await core.settle(payload, requirements));
+        } catch (e) {
+          opts.logger.warn({ err: errorSummary(e), scheme: requirements.scheme }, "settle failed unexpectedly");
+          r = { success: false, errorReason: "unexpected_settle_error", errorMessage: conciseMessage(e), transaction: "", network: requirements.network };
+        }
+        span.setAttributes({ "x402.success": r.success, "x402.reason": reasonLabel(r.errorReason), "x402.transaction": r.transaction });
+        return r;
+      });
+      end();
+      const result = response.success ? "success" : response.errorReason === "settlement_pending" ? "pending" : "failure";
+      opts.metrics.settleTotal.inc({ ...labels, result, reason: reasonLabel(response.errorReason) });
+      return response;
     },
   };
 }
@@ -86,6 +110,11 @@ function scrub<T extends { invalidMessage?: string; errorMessage?: string }>(r: 
   if (r.invalidMessage !== undefined) r.invalidMessage = conciseMessage(r.invalidMessage);
   if (r.errorMessage !== undefined) r.errorMessage = conciseMessage(r.errorMessage);
   return r;
+}
+
+/** What of an error may be logged: its type and first line, URLs removed. */
+function errorSummary(e: unknown): { type: string; message: string } {
+  return { type: (e as Error)?.name ?? "Error", message: conciseMessage(e) };
 }
 
 /** First line of an error, without URLs (an RPC URL may embed an API key). */

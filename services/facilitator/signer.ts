@@ -19,6 +19,8 @@ export interface SignerOptions {
   accounts: PrivateKeyAccount[];
   /** Upper bound of a receipt wait in ms. */
   receiptTimeoutMs: number;
+  /** Told whenever a key's count of transactions in flight changes (for the pending gauge). */
+  onPendingChange?: (signer: Address, inFlight: number) => void;
 }
 
 interface KeyState {
@@ -66,6 +68,7 @@ export function createFleetSigner(opts: SignerOptions): FleetSigner {
   async function sendTransaction(args: { to: Address; data: Hex; gas?: bigint }): Promise<Hex> {
     const key = leastBusy();
     key.inFlight++;
+    opts.onPendingChange?.(key.account.address, key.inFlight);
     try {
       const [gas, fees] = await Promise.all([
         args.gas ?? client.estimateGas({ account: key.account.address, to: args.to, data: args.data }).then((g) => (g * 12n) / 10n),
@@ -93,6 +96,7 @@ export function createFleetSigner(opts: SignerOptions): FleetSigner {
       }
     } finally {
       key.inFlight--;
+      opts.onPendingChange?.(key.account.address, key.inFlight);
     }
   }
 

@@ -3,6 +3,8 @@
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply } from "fastify";
 import { RequestError } from "../x402/errors.ts";
 import type { Logger } from "./logger.ts";
+import type { Metrics } from "./metrics.ts";
+import { withServerSpan } from "./tracing.ts";
 
 export interface ContractHandlers {
   verify(body: unknown): Promise<HandlerResult>;
@@ -20,6 +22,9 @@ export interface ContractAppOptions {
   /** Largest accepted request body in bytes (larger → 413). */
   bodyLimit?: number;
   handlers: ContractHandlers;
+  /** Service name for metrics and spans ("router", "facilitator"). */
+  service: string;
+  metrics: Metrics;
 }
 
 export const DEFAULT_BODY_LIMIT = 64 * 1024;
@@ -70,19 +75,32 @@ export function createContractApp(opts: ContractAppOptions): FastifyInstance {
     return sendError(reply, new RequestError("internal_error", "the request could not be processed; see the service logs"));
   });
 
+  // Route labels are the registered patterns (bounded), never the raw URL.
+  app.addHook("onResponse", async (request, r) => {
+    const route = request.routeOptions.url ?? "unmatched";
+    opts.metrics.httpRequests.inc({ service: opts.service, route, status: String(r.statusCode) });
+    opts.metrics.httpDuration.observe({ service: opts.service, route }, r.elapsedTime / 1000);
+  });
+
   app.setNotFoundHandler((request, reply) =>
     sendError(reply, new RequestError("not_found", `no endpoint ${request.method} ${request.url.split("?")[0]}; endpoints are POST /v2/verify, POST /v2/settle, GET /v2/supported`)),
   );
 
   const reply = (r: FastifyReply, result: HandlerResult) => r.code(result.status).type("application/json").send(result.body);
+  const traced = (name: string, headers: Record<string, unknown>, fn: () => Promise<HandlerResult>) =>
+    withServerSpan(`${opts.service} ${name}`, headers, { "x402.service": opts.service }, async (span) => {
+      const result = await fn();
+      span.setAttribute("http.response.status_code", result.status);
+      return result;
+    });
   const methodNotAllowed = (allow: string) => async (request: { method: string; url: string }, r: FastifyReply) =>
     sendError(r, new RequestError("method_not_allowed", `${request.method} is not allowed on ${request.url.split("?")[0]}; use ${allow}`), { allow });
 
   for (const action of ["verify", "settle"] as const) {
-    app.post(`/v2/${action}`, async (request, r) => reply(r, await opts.handlers[action](request.body)));
+    app.post(`/v2/${action}`, async (request, r) => reply(r, await traced(`POST /v2/${action}`, request.headers, () => opts.handlers[action](request.body))));
     app.route({ method: ["GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"], url: `/v2/${action}`, handler: methodNotAllowed("POST") });
   }
-  app.get("/v2/supported", async (_request, r) => reply(r, await opts.handlers.supported()));
+  app.get("/v2/supported", async (request, r) => reply(r, await traced("GET /v2/supported", request.headers, () => opts.handlers.supported())));
   app.route({ method: ["POST", "PUT", "PATCH", "DELETE", "OPTIONS"], url: "/v2/supported", handler: methodNotAllowed("GET") });
   return app;
 }

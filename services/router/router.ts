@@ -6,16 +6,21 @@ import { RequestError } from "../x402/errors.ts";
 import { normalizeRequest, pairKey } from "../x402/wire.ts";
 import type { ContractHandlers, HandlerResult } from "../platform/http.ts";
 import type { Logger } from "../platform/logger.ts";
+import type { Metrics } from "../platform/metrics.ts";
+import { traceHeaders } from "../platform/tracing.ts";
 import type { Backend, RoutingTable } from "./routing-table.ts";
 
 export interface RouterOptions {
   logger: Logger;
+  metrics: Metrics;
   verifyTimeoutMs?: number;
   settleTimeoutMs?: number;
 }
 
 export interface Router extends ContractHandlers {
   setTable(table: RoutingTable): void;
+  /** Probes every backend once (GET /supported) and updates x402_router_backend_up. */
+  probeBackends(): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -41,6 +46,8 @@ export function createRouter(opts: RouterOptions): Router {
       for (const k of backend.kinds) nextRoutes.set(pairKey(k.scheme, k.network), route);
     }
     for (const [origin, pool] of pools) if (!nextPools.has(origin)) void pool.close();
+    const nextNetworks = new Set(table.backends.map((b) => b.network));
+    for (const route of routes.values()) if (!nextNetworks.has(route.backend.network)) opts.metrics.backendUp.remove({ network: route.backend.network });
     pools = nextPools;
     routes = nextRoutes;
     const signers = [...new Set(table.backends.flatMap((b) => b.signers))];
@@ -68,7 +75,7 @@ export function createRouter(opts: RouterOptions): Router {
       res = await route.pool.request({
         method: "POST",
         path: `${route.basePath}/${action}`,
-        headers: { "content-type": "application/json" },
+        headers: { "content-type": "application/json", ...traceHeaders() },
         body: JSON.stringify(request),
         headersTimeout: timeout,
         bodyTimeout: timeout,
@@ -90,8 +97,26 @@ export function createRouter(opts: RouterOptions): Router {
     }
   }
 
+  async function probeBackends() {
+    const unique = new Map([...routes.values()].map((r) => [r.backend.network, r]));
+    await Promise.all(
+      [...unique.values()].map(async (route) => {
+        let up = 0;
+        try {
+          const res = await route.pool.request({ method: "GET", path: `${route.basePath}/supported`, headersTimeout: 2000, bodyTimeout: 2000 });
+          await res.body.dump();
+          up = res.statusCode === 200 ? 1 : 0;
+        } catch {
+          up = 0;
+        }
+        opts.metrics.backendUp.set({ network: route.backend.network }, up);
+      }),
+    );
+  }
+
   return {
     setTable,
+    probeBackends,
     verify: (body) => forward("verify", body),
     settle: (body) => forward("settle", body),
     supported: async () => ({ status: 200, body: supported }),

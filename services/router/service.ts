@@ -1,6 +1,8 @@
 // Starts the router: the routing table file, the /v2 contract surface, the forwarding pools.
+import { startAdminServer } from "../platform/admin.ts";
 import { createContractApp } from "../platform/http.ts";
 import { createLogger, type Logger } from "../platform/logger.ts";
+import { createMetrics } from "../platform/metrics.ts";
 import { createRouter } from "./router.ts";
 import { watchRoutingTable } from "./routing-table.ts";
 
@@ -8,25 +10,45 @@ export interface RouterConfig {
   routingTablePath: string;
   host: string;
   port: number;
+  adminPort?: number;
   bodyLimit?: number;
+  /** How often backends are probed for x402_router_backend_up. */
+  probeIntervalMs?: number;
 }
 
 export interface RunningRouter {
   url: string;
+  adminUrl: string;
   close(): Promise<void>;
 }
 
 export async function startRouterService(config: RouterConfig, logger: Logger = createLogger("router")): Promise<RunningRouter> {
-  const router = createRouter({ logger });
-  const source = await watchRoutingTable(config.routingTablePath, logger, (t) => router.setTable(t));
-  const app = createContractApp({ logger, bodyLimit: config.bodyLimit, handlers: router });
+  const metrics = createMetrics("router");
+  const router = createRouter({ logger, metrics });
+  const source = await watchRoutingTable(config.routingTablePath, logger, (t) => {
+    router.setTable(t);
+    void router.probeBackends();
+  });
+  const probe = setInterval(() => void router.probeBackends(), config.probeIntervalMs ?? 5000);
+  probe.unref();
+  const app = createContractApp({ logger, bodyLimit: config.bodyLimit, handlers: router, service: "router", metrics });
+  const admin = await startAdminServer({
+    host: config.host,
+    port: config.adminPort ?? (config.port === 0 ? 0 : 9420), // an ephemeral public port implies an ephemeral admin port
+    registry: metrics.registry,
+    logger,
+    checks: [{ name: "routing_table_loaded", check: async () => source.current() !== undefined }],
+  });
   const address = await app.listen({ host: config.host, port: config.port });
-  logger.info({ url: `${address}/v2`, table: config.routingTablePath }, "router listening");
+  logger.info({ url: `${address}/v2`, admin: admin.url, table: config.routingTablePath }, "router listening");
   return {
     url: `${address}/v2`,
+    adminUrl: admin.url,
     close: async () => {
+      clearInterval(probe);
       source.close();
       await app.close();
+      await admin.close();
       await router.close();
     },
   };

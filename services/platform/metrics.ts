@@ -1,0 +1,46 @@
+// The metric catalogue: every Prometheus series the fleet exports, in one place (docs/metrics.md).
+// Label values are bounded: reason codes are normalised to a closed shape, endpoints are named by
+// host, payer addresses never appear. Each service owns a Registry (several share one process on
+// the devnet), so series are created per registry, not as module singletons.
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
+
+const LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
+
+export function createMetrics(service: string) {
+  const registry = new Registry();
+  registry.setDefaultLabels({ service });
+  collectDefaultMetrics({ register: registry });
+  const r = { registers: [registry] };
+  return {
+    registry,
+    verifyTotal: new Counter({ name: "x402_verify_total", help: "Payment verifications by outcome", labelNames: ["network", "scheme", "result", "reason"], ...r }),
+    settleTotal: new Counter({ name: "x402_settle_total", help: "Payment settlements by outcome", labelNames: ["network", "scheme", "result", "reason"], ...r }),
+    verifyDuration: new Histogram({ name: "x402_verify_duration_seconds", help: "Verification latency", labelNames: ["network", "scheme"], buckets: LATENCY_BUCKETS, ...r }),
+    settleDuration: new Histogram({ name: "x402_settle_duration_seconds", help: "Settlement latency (until the answer, bounded receipt wait included)", labelNames: ["network", "scheme"], buckets: LATENCY_BUCKETS, ...r }),
+    httpRequests: new Counter({ name: "x402_http_requests_total", help: "HTTP requests by route and status", labelNames: ["service", "route", "status"], ...r }),
+    httpDuration: new Histogram({ name: "x402_http_request_duration_seconds", help: "HTTP request latency", labelNames: ["service", "route"], buckets: LATENCY_BUCKETS, ...r }),
+    rpcRequests: new Counter({ name: "x402_rpc_requests_total", help: "JSON-RPC requests by endpoint (host), method and result", labelNames: ["network", "endpoint", "method", "result"], ...r }),
+    rpcDuration: new Histogram({ name: "x402_rpc_request_duration_seconds", help: "JSON-RPC latency (one HTTP round trip, batches counted once)", labelNames: ["network", "endpoint"], buckets: LATENCY_BUCKETS, ...r }),
+    signerBalance: new Gauge({ name: "x402_signer_balance_wei", help: "Native balance of each facilitator signer", labelNames: ["network", "signer"], ...r }),
+    signerPending: new Gauge({ name: "x402_signer_pending_transactions", help: "Transactions being sent or awaiting a receipt, per signer", labelNames: ["network", "signer"], ...r }),
+    outbox: new Gauge({ name: "x402_settlement_outbox", help: "Settlement outbox entries by state", labelNames: ["network", "state"], ...r }),
+    pendingAge: new Gauge({ name: "x402_settlement_pending_age_seconds", help: "Age of the oldest settlement not yet final", labelNames: ["network"], ...r }),
+    gasSpent: new Counter({ name: "x402_settlement_gas_spent_wei", help: "Gas fees paid by facilitator signers", labelNames: ["network", "signer"], ...r }),
+    backendUp: new Gauge({ name: "x402_router_backend_up", help: "1 when the router reaches the network's facilitator", labelNames: ["network"], ...r }),
+    reconcileTotal: new Counter({ name: "x402_operator_reconcile_total", help: "Operator reconciles by result", labelNames: ["result"], ...r }),
+    reconcileDuration: new Histogram({ name: "x402_operator_reconcile_duration_seconds", help: "Operator reconcile latency", buckets: LATENCY_BUCKETS, ...r }),
+    operatorNetworks: new Gauge({ name: "x402_operator_networks", help: "FacilitatorNetworks by condition and status", labelNames: ["condition", "status"], ...r }),
+  };
+}
+
+export type Metrics = ReturnType<typeof createMetrics>;
+
+/**
+ * Reason codes as label values: the code before any ":" detail, lower-case snake case, at most
+ * 64 characters; anything else (free text from a node, a revert string) becomes "other".
+ */
+export function reasonLabel(reason: string | undefined): string {
+  if (!reason) return "none";
+  const code = reason.split(":")[0]!.trim();
+  return /^[a-z0-9_]{1,64}$/.test(code) ? code : "other";
+}

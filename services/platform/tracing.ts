@@ -1,0 +1,53 @@
+// OpenTelemetry traces. Code creates spans through @opentelemetry/api (a no-op until a provider is
+// registered); `startTracing` registers the Node SDK with an OTLP exporter when
+// OTEL_EXPORTER_OTLP_ENDPOINT is set. W3C trace context crosses router → facilitator in headers.
+import { context, propagation, trace, SpanKind, SpanStatusCode, type Attributes, type Span } from "@opentelemetry/api";
+
+export const tracer = trace.getTracer("x402-fleet");
+
+let sdk: { shutdown(): Promise<void> } | undefined;
+
+/** Starts exporting traces if the standard OTEL_* environment asks for it. Idempotent. */
+export async function startTracing(serviceName: string): Promise<void> {
+  if (sdk || !process.env.OTEL_EXPORTER_OTLP_ENDPOINT) return;
+  const { NodeSDK } = await import("@opentelemetry/sdk-node");
+  const { OTLPTraceExporter } = await import("@opentelemetry/exporter-trace-otlp-http");
+  const started = new NodeSDK({ serviceName: process.env.OTEL_SERVICE_NAME ?? serviceName, traceExporter: new OTLPTraceExporter(), instrumentations: [] });
+  started.start();
+  sdk = started;
+}
+
+export async function stopTracing(): Promise<void> {
+  await sdk?.shutdown();
+  sdk = undefined;
+}
+
+/** Runs fn in a server span that continues the caller's trace (from `traceparent`). */
+export function withServerSpan<T>(name: string, headers: Record<string, unknown>, attributes: Attributes, fn: (span: Span) => Promise<T>): Promise<T> {
+  const parent = propagation.extract(context.active(), headers);
+  return tracer.startActiveSpan(name, { kind: SpanKind.SERVER, attributes }, parent, (span) => finish(span, fn));
+}
+
+/** Runs fn in a span (a child of the active one). */
+export function withSpan<T>(name: string, attributes: Attributes, fn: (span: Span) => Promise<T>, kind: SpanKind = SpanKind.INTERNAL): Promise<T> {
+  return tracer.startActiveSpan(name, { kind, attributes }, (span) => finish(span, fn));
+}
+
+async function finish<T>(span: Span, fn: (span: Span) => Promise<T>): Promise<T> {
+  try {
+    return await fn(span);
+  } catch (e) {
+    // The error type only: messages can quote URLs or payloads.
+    span.setStatus({ code: SpanStatusCode.ERROR, message: (e as Error)?.name ?? "Error" });
+    throw e;
+  } finally {
+    span.end();
+  }
+}
+
+/** Headers that carry the active trace to the next service. */
+export function traceHeaders(): Record<string, string> {
+  const carrier: Record<string, string> = {};
+  propagation.inject(context.active(), carrier);
+  return carrier;
+}
