@@ -57,7 +57,7 @@ beforeAll(async () => {
   proxy = await startTcpProxy(anvil.port);
   dir = await mkdtemp(join(tmpdir(), "x402-obs-"));
   await writeFile(join(dir, "signer.key"), `${signer.privateKey}\n`);
-  const config = resolveFacilitatorConfig({ network: net.network, rpcUrls: [`${proxy.url}/?apikey=${RPC_SECRET}`], signerKeyFile: join(dir, "signer.key"), port: 0 });
+  const config = resolveFacilitatorConfig({ network: net.network, rpcUrls: [`${proxy.url}/?apikey=${RPC_SECRET}`], signerKeyFile: join(dir, "signer.key"), port: 0, dataDir: join(dir, "db") });
   facilitator = await startFacilitatorService(config, logger.child({ service: "facilitator" }));
   await writeFile(join(dir, "routing.json"), JSON.stringify({ backends: [{ network: net.network, url: facilitator.url, kinds: facilitator.facilitator.supported().kinds, signers: facilitator.signers }] }));
   router = await startRouterService({ routingTablePath: join(dir, "routing.json"), host: "127.0.0.1", port: 0, probeIntervalMs: 100 }, logger.child({ service: "router" }));

@@ -1,6 +1,7 @@
 // Prepares a fresh anvil node as an x402 devnet chain: genuine Permit2 (patched for the chain id),
-// our Multicall3 and exact Permit2 proxy stand-ins at their canonical addresses, devnet tokens at
-// the real asset addresses, ETH for gas, token balances for payers and optional Permit2 approvals.
+// our stand-ins for Multicall3, the exact and upto Permit2 proxies, x402BatchSettlement and its two
+// deposit collectors at their canonical addresses, devnet tokens at the real asset addresses, ETH
+// for gas, token balances for payers and optional Permit2 approvals.
 // Everything is sent concurrently with explicit nonces and gas, so one chain takes a few hundred ms.
 import {
   createClient,
@@ -21,6 +22,29 @@ import { permit2DomainSeparator, permit2RuntimeBytecode } from "./permit2.ts";
 export const DEVNET_MINTER_ADDRESS: Address = "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266";
 
 export const DEFAULT_GAS_BALANCE = 1000n * 10n ** 18n;
+
+/** Canonical addresses of the x402 upto and batch-settlement contracts (as in @x402/evm). */
+export const UPTO_PERMIT2_PROXY_ADDRESS: Address = "0x4020A4f3b7b90ccA423B9fabCc0CE57C6C240002";
+export const BATCH_SETTLEMENT_ADDRESS: Address = "0x4020074e9dF2ce1deE5A9C1b5c3f541D02a10003";
+export const ERC3009_DEPOSIT_COLLECTOR_ADDRESS: Address = "0x4020806089470a89826cB9fB1f4059150b550004";
+export const PERMIT2_DEPOSIT_COLLECTOR_ADDRESS: Address = "0x4020425FAf3B746C082C2f942b4E5159887B0005";
+
+/**
+ * Our devnet stand-ins (compiled contract name) and the canonical address setupDevnetChain places
+ * each at. None has a constructor or storage to initialise: the code alone is the deployment.
+ */
+export const DEVNET_CANONICAL_CONTRACTS: readonly { contract: string; address: Address }[] = [
+  { contract: "DevnetMulticall3", address: MULTICALL3_ADDRESS },
+  { contract: "DevnetExactPermit2Proxy", address: EXACT_PERMIT2_PROXY_ADDRESS },
+  { contract: "DevnetUptoPermit2Proxy", address: UPTO_PERMIT2_PROXY_ADDRESS },
+  { contract: "DevnetBatchSettlement", address: BATCH_SETTLEMENT_ADDRESS },
+  { contract: "DevnetERC3009DepositCollector", address: ERC3009_DEPOSIT_COLLECTOR_ADDRESS },
+  { contract: "DevnetPermit2DepositCollector", address: PERMIT2_DEPOSIT_COLLECTOR_ADDRESS },
+];
+
+/** Batch-settlement withdraw delay bounds enforced on chain (seconds): 15 minutes to 30 days. */
+export const BATCH_SETTLEMENT_MIN_WITHDRAW_DELAY = 900;
+export const BATCH_SETTLEMENT_MAX_WITHDRAW_DELAY = 2_592_000;
 
 export interface DevnetPayer {
   privateKey: Hex;
@@ -111,8 +135,7 @@ export async function setupDevnetChain(opts: SetupDevnetChainOptions): Promise<v
   }
   const stablecoin = devnetContract(contracts, "DevnetStablecoin");
   const plainToken = devnetContract(contracts, "DevnetToken");
-  const multicall = devnetContract(contracts, "DevnetMulticall3");
-  const proxy = devnetContract(contracts, "DevnetExactPermit2Proxy");
+  const canonical = DEVNET_CANONICAL_CONTRACTS.map((c) => ({ address: c.address, code: devnetContract(contracts, c.contract).deployedBytecode }));
 
   // 1. Code and ETH balances (all independent of each other).
   const funded = new Set<string>([...opts.gasFunded, ...payers.map((p) => p.account.address)].map((a) => a.toLowerCase()));
@@ -120,8 +143,7 @@ export async function setupDevnetChain(opts: SetupDevnetChainOptions): Promise<v
   const [, nonces, latest] = await Promise.all([
     Promise.all([
       rpc("anvil_setCode", [PERMIT2_ADDRESS, permit2RuntimeBytecode(opts.chainId)]),
-      rpc("anvil_setCode", [MULTICALL3_ADDRESS, multicall.deployedBytecode]),
-      rpc("anvil_setCode", [EXACT_PERMIT2_PROXY_ADDRESS, proxy.deployedBytecode]),
+      ...canonical.map((c) => rpc("anvil_setCode", [c.address, c.code])),
       ...opts.assets.map((a) => rpc("anvil_setCode", [a.address, (usesStablecoin(a) ? stablecoin : plainToken).deployedBytecode])),
       ...[...funded].map((a) => rpc("anvil_setBalance", [a, numberToHex(DEFAULT_GAS_BALANCE)])),
     ]),

@@ -6,6 +6,7 @@ import { mnemonicToAccount } from "viem/accounts";
 import { bytesToHex, type Address, type Hex } from "viem";
 import { NETWORKS, networkInfo, type AssetInfo, type Caip2 } from "../x402/networks.ts";
 import { createLogger, type Logger } from "../platform/logger.ts";
+import { openDatabase, type Database } from "../platform/storage.ts";
 import { startFacilitatorService, type RunningFacilitator } from "../facilitator/service.ts";
 import { resolveFacilitatorConfig } from "../facilitator/config.ts";
 import { startRouterService, type RunningRouter } from "../router/service.ts";
@@ -74,16 +75,21 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
   const receivers = [key(3)];
 
   const anvils: AnvilNode[] = [];
+  let db: Database | undefined;
   const facilitators: RunningFacilitator[] = [];
   let router: RunningRouter | undefined;
   const stop = async () => {
     await router?.close().catch(() => undefined);
     await Promise.all(facilitators.map((f) => f.close().catch(() => undefined)));
     await Promise.all(anvils.map((a) => a.stop()));
+    await db?.close().catch(() => undefined);
   };
 
   try {
     await mkdir(join(stateDir, "keys"), { recursive: true, mode: 0o700 });
+    // The chains are new on every start, so is their settlement state: one in-memory engine shared by every network.
+    const database = await openDatabase();
+    db = database;
     const networks = await Promise.all(
       selected.map(async (net, i) => {
         const anvil = await startAnvil({ chainId: net.chainId });
@@ -107,7 +113,7 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
           port: routerPort === 0 ? 0 : routerPort + 101 + i,
           adminPort: routerPort === 0 ? 0 : routerPort + 201 + i,
         });
-        const facilitator = await startFacilitatorService(config, logger.child({ service: "facilitator" }));
+        const facilitator = await startFacilitatorService(config, logger.child({ service: "facilitator" }), { db: database });
         facilitators.push(facilitator);
         return { net, anvil, facilitator };
       }),

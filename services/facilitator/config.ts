@@ -1,6 +1,8 @@
 // Facilitator configuration from flags, environment and an optional JSON file (in that order of
 // precedence). Signer keys come from a file (a mounted Secret: one 0x-hex key per line).
 import { readFileSync } from "node:fs";
+import { bytesToHex } from "viem";
+import { mnemonicToAccount } from "viem/accounts";
 import { z } from "zod";
 import { CAIP2_PATTERN, networkInfo, type AssetInfo, type Caip2 } from "../x402/networks.ts";
 import { SCHEMES, type Scheme } from "../x402/wire.ts";
@@ -16,8 +18,17 @@ export interface FacilitatorConfig {
   assets: AssetInfo[];
   bodyLimit: number;
   adminPort: number;
-  /** A signer with no more than this (wei) counts as unfunded. */
+  /** A signer with no more than this (wei) counts as unfunded and is not picked. */
   minSignerBalanceWei: bigint;
+  /** PostgreSQL URL shared by the replicas of a network; unset → the embedded engine in dataDir. */
+  databaseUrl?: string;
+  dataDir: string;
+  /** Blocks a receipt needs (1 = included) before a settlement counts as final. */
+  confirmations: number;
+  /** Fee cap per gas in wei; no transaction is signed above it. */
+  maxFeePerGasWei?: bigint;
+  /** A transaction without a receipt after this long is replaced with higher fees. */
+  replaceAfterMs: number;
 }
 
 const keyPattern = /^0x[0-9a-fA-F]{64}$/;
@@ -27,6 +38,13 @@ const fileSchema = z
     network: z.string().regex(CAIP2_PATTERN),
     rpcUrls: z.array(z.string().url()).min(1),
     signerKeyFile: z.string(),
+    signerMnemonicFile: z.string(),
+    signerCount: z.number().int().min(1).max(256),
+    databaseUrl: z.string().regex(/^postgres(ql)?:\/\//, "expected a postgres:// URL"),
+    dataDir: z.string(),
+    confirmations: z.number().int().min(1).max(1000),
+    maxFeePerGasWei: z.string().regex(/^[0-9]+$/),
+    replaceAfterMs: z.number().int().positive(),
     schemes: z.array(z.enum(SCHEMES)).min(1),
     host: z.string(),
     port: z.number().int().min(0).max(65535),
@@ -68,6 +86,13 @@ export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorCon
     network: env.X402_NETWORK,
     rpcUrls: list(env.X402_RPC_URLS),
     signerKeyFile: env.X402_SIGNER_KEY_FILE,
+    signerMnemonicFile: env.X402_SIGNER_MNEMONIC_FILE,
+    signerCount: env.X402_SIGNER_COUNT ? Number(env.X402_SIGNER_COUNT) : undefined,
+    databaseUrl: env.DATABASE_URL || undefined,
+    dataDir: env.X402_DATA_DIR,
+    confirmations: env.X402_CONFIRMATIONS ? Number(env.X402_CONFIRMATIONS) : undefined,
+    maxFeePerGasWei: env.X402_MAX_FEE_PER_GAS_WEI,
+    replaceAfterMs: env.X402_REPLACE_AFTER_MS ? Number(env.X402_REPLACE_AFTER_MS) : undefined,
     schemes: list(env.X402_SCHEMES) as Scheme[] | undefined,
     host: env.HOST,
     port: env.PORT ? Number(env.PORT) : undefined,
@@ -92,8 +117,14 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
   const c = parsed.data;
   if (!c.network) throw new Error("facilitator config: network is required (--network or X402_NETWORK)");
   if (!c.rpcUrls?.length) throw new Error("facilitator config: at least one RPC URL is required (--rpc-url or X402_RPC_URLS)");
-  const signerKeys = inlineKeys ? parseSignerKeys(inlineKeys.join("\n")) : c.signerKeyFile ? parseSignerKeys(readKeyFile(c.signerKeyFile)) : [];
-  if (signerKeys.length === 0) throw new Error("facilitator config: no signer keys (--signer-key-file or X402_SIGNER_KEY_FILE)");
+  const signerKeys = inlineKeys
+    ? parseSignerKeys(inlineKeys.join("\n"))
+    : c.signerKeyFile
+      ? parseSignerKeys(readKeyFile(c.signerKeyFile))
+      : c.signerMnemonicFile
+        ? keysFromMnemonic(readKeyFile(c.signerMnemonicFile), c.signerCount ?? 1)
+        : [];
+  if (signerKeys.length === 0) throw new Error("facilitator config: no signer keys (--signer-key-file / X402_SIGNER_KEY_FILE, or X402_SIGNER_MNEMONIC_FILE with X402_SIGNER_COUNT)");
   return {
     network: c.network as Caip2,
     rpcUrls: c.rpcUrls,
@@ -101,12 +132,27 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
     schemes: c.schemes ?? ["exact"],
     host: c.host ?? "127.0.0.1",
     port: c.port ?? 4021,
-    receiptTimeoutMs: c.receiptTimeoutMs ?? 20_000,
+    receiptTimeoutMs: c.receiptTimeoutMs ?? 15_000,
     bodyLimit: c.bodyLimit ?? 64 * 1024,
     adminPort: c.adminPort ?? (c.port === 0 ? 0 : 9421), // an ephemeral public port implies an ephemeral admin port
     minSignerBalanceWei: BigInt(c.minSignerBalanceWei ?? "0"),
+    databaseUrl: c.databaseUrl,
+    dataDir: c.dataDir ?? `.data/facilitator-${c.network.slice("eip155:".length)}`,
+    confirmations: c.confirmations ?? 1,
+    maxFeePerGasWei: c.maxFeePerGasWei !== undefined ? BigInt(c.maxFeePerGasWei) : undefined,
+    replaceAfterMs: c.replaceAfterMs ?? 15_000,
     assets: (c.assets as AssetInfo[] | undefined) ?? networkInfo(c.network)?.assets ?? [],
   };
+}
+
+/** Keys 0..count-1 of the standard Ethereum derivation path of a BIP-39 mnemonic. */
+function keysFromMnemonic(text: string, count: number): `0x${string}`[] {
+  const mnemonic = text.trim().split(/\s+/).join(" ");
+  try {
+    return Array.from({ length: count }, (_, addressIndex) => bytesToHex(mnemonicToAccount(mnemonic, { addressIndex }).getHdKey().privateKey!));
+  } catch {
+    throw new Error("signer mnemonic file: not a valid BIP-39 mnemonic"); // never echo it
+  }
 }
 
 function readKeyFile(path: string): string {

@@ -11,11 +11,13 @@ import { normalizeRequest, pairKey, type Scheme } from "../x402/wire.ts";
 import type { Logger } from "../platform/logger.ts";
 import { reasonLabel, type Metrics } from "../platform/metrics.ts";
 import { withSpan } from "../platform/tracing.ts";
-import type { FleetSigner } from "./signer.ts";
+import type { SettlementCoordinator } from "./settlement/coordinator.ts";
+import type { OutboxSigner } from "./settlement/outbox-signer.ts";
 
 export interface FacilitatorOptions {
   network: Caip2;
-  signer: FleetSigner;
+  signer: OutboxSigner;
+  coordinator: SettlementCoordinator;
   schemes: Scheme[];
   /** Known assets of this network: their EIP-712 domain fills a missing `extra` (service-shape requests carry none). */
   assets: AssetInfo[];
@@ -89,7 +91,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       const response = await withSpan("facilitator.settle", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: SettleResponse;
         try {
-          r = scrub(await core.settle(payload, requirements));
+          r = scrub(await opts.coordinator.settle({ payload, requirements, run: () => core.settle(payload, requirements) }));
         } catch (e) {
           opts.logger.warn({ err: errorSummary(e), scheme: requirements.scheme }, "settle failed unexpectedly");
           r = { success: false, errorReason: "unexpected_settle_error", errorMessage: conciseMessage(e), transaction: "", network: requirements.network };

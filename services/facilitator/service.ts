@@ -1,16 +1,21 @@
-// Starts one facilitator service: checks the chain, builds the signer and mechanisms, serves /v2
-// on the public port and /metrics, /healthz, /readyz on the admin port.
+// Starts one facilitator service: checks the chain, opens the settlement store, builds the signer
+// pool, mechanisms and reconciler, serves /v2 on the public port and /metrics, /healthz, /readyz
+// on the admin port.
 import { privateKeyToAccount } from "viem/accounts";
 import { startAdminServer } from "../platform/admin.ts";
 import { createContractApp } from "../platform/http.ts";
 import { createLogger, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
+import { describeDatabase, migrate, openDatabase, type Database } from "../platform/storage.ts";
 import { chainIdOf } from "../x402/networks.ts";
 import { watchBalances } from "./balances.ts";
 import { assertChainId, createChainClient, reportedChainId } from "./chain.ts";
 import type { FacilitatorConfig } from "./config.ts";
 import { createFacilitator, type Facilitator } from "./facilitator.ts";
-import { createFleetSigner } from "./signer.ts";
+import { createSettlementCoordinator } from "./settlement/coordinator.ts";
+import { createOutboxSigner } from "./settlement/outbox-signer.ts";
+import { startReconciler } from "./settlement/reconciler.ts";
+import { SETTLEMENT_MIGRATIONS, createSettlementStore } from "./settlement/store.ts";
 
 export interface RunningFacilitator {
   url: string;
@@ -20,20 +25,41 @@ export interface RunningFacilitator {
   close(): Promise<void>;
 }
 
-export async function startFacilitatorService(config: FacilitatorConfig, logger: Logger = createLogger("facilitator")): Promise<RunningFacilitator> {
+export interface FacilitatorDeps {
+  /** A database to share (the devnet runs every network's facilitator on one embedded engine). */
+  db?: Database;
+}
+
+const CRASH_POINTS = new Set(["after_store", "after_broadcast"]);
+
+export async function startFacilitatorService(config: FacilitatorConfig, logger: Logger = createLogger("facilitator"), deps: FacilitatorDeps = {}): Promise<RunningFacilitator> {
   const log = logger.child({ network: config.network });
   const metrics = createMetrics("facilitator");
   const chain = createChainClient({ chainId: chainIdOf(config.network), rpcUrls: config.rpcUrls, metrics });
   await assertChainId(chain);
-  const signer = createFleetSigner({
+
+  const db = deps.db ?? (await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir }));
+  await migrate(db, SETTLEMENT_MIGRATIONS);
+  const store = createSettlementStore(db, config.network);
+  const accounts = config.signerKeys.map((k) => privateKeyToAccount(k));
+  const balances = watchBalances({ chain, network: config.network, signers: accounts.map((a) => a.address), minBalanceWei: config.minSignerBalanceWei, intervalMs: 15_000, metrics });
+  const crashAt = process.env.X402_FAULT_CRASH_AT;
+  const signer = createOutboxSigner({
     chain,
-    accounts: config.signerKeys.map((k) => privateKeyToAccount(k)),
+    accounts,
+    store,
     receiptTimeoutMs: config.receiptTimeoutMs,
-    onPendingChange: (address, n) => metrics.signerPending.set({ network: config.network, signer: address }, n),
+    confirmations: config.confirmations,
+    maxFeePerGasWei: config.maxFeePerGasWei,
+    // Unknown yet (first read in flight) counts as funded: a slow RPC must not block settlement.
+    isFunded: (address) => (balances.latest().get(address) ?? config.minSignerBalanceWei + 1n) > config.minSignerBalanceWei,
+    logger: log,
+    crashAt: crashAt && CRASH_POINTS.has(crashAt) ? (crashAt as "after_store" | "after_broadcast") : undefined,
   });
-  const facilitator = createFacilitator({ network: config.network, signer, schemes: config.schemes, assets: config.assets, logger: log, metrics });
-  const balances = watchBalances({ chain, network: config.network, signers: signer.getAddresses(), minBalanceWei: config.minSignerBalanceWei, intervalMs: 15_000, metrics });
-  for (const address of signer.getAddresses()) metrics.signerPending.set({ network: config.network, signer: address }, 0);
+  for (const a of accounts) metrics.signerPending.set({ network: config.network, signer: a.address }, 0);
+  const coordinator = createSettlementCoordinator({ store, chain, network: config.network, waitBoundMs: config.receiptTimeoutMs, confirmations: config.confirmations });
+  const reconciler = startReconciler({ store, signer, chain, network: config.network, confirmations: config.confirmations, logger: log, metrics, maxFeePerGasWei: config.maxFeePerGasWei, replaceAfterMs: config.replaceAfterMs });
+  const facilitator = createFacilitator({ network: config.network, signer, coordinator, schemes: config.schemes, assets: config.assets, logger: log, metrics });
 
   const ok = (body: unknown) => ({ status: 200, body });
   const app = createContractApp({
@@ -55,10 +81,14 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     checks: [
       { name: "rpc_chain_id", check: async () => (await reportedChainId(chain)) === chain.chain.id },
       { name: "signer_funded", check: () => balances.anyFunded() },
+      { name: "store", check: async () => (await db.query("SELECT 1 AS ok")).length === 1 },
     ],
   });
   const address = await app.listen({ host: config.host, port: config.port });
-  log.info({ url: `${address}/v2`, admin: admin.url, pairs: facilitator.pairs(), signers: signer.getAddresses(), rpc: chain.endpoints }, "facilitator listening");
+  log.info(
+    { url: `${address}/v2`, admin: admin.url, pairs: facilitator.pairs(), signers: signer.getAddresses(), rpc: chain.endpoints, store: describeDatabase(config.databaseUrl) },
+    "facilitator listening",
+  );
   return {
     url: `${address}/v2`,
     adminUrl: admin.url,
@@ -68,6 +98,8 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
       balances.stop();
       await app.close();
       await admin.close();
+      await reconciler.stop();
+      if (!deps.db) await db.close();
     },
   };
 }

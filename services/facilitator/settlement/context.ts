@@ -1,0 +1,13 @@
+// Carries the payment being settled into the signer: the reference mechanisms call
+// writeContract without knowing about payments, and the outbox must record which payment each
+// transaction belongs to.
+import { AsyncLocalStorage } from "node:async_hooks";
+import type { Address } from "viem";
+
+export interface SettlementContext {
+  paymentId: string;
+  /** A key the transaction must come from (upto: the key named in witness.facilitator). */
+  signer?: Address;
+}
+
+export const settlementContext = new AsyncLocalStorage<SettlementContext>();

@@ -1,0 +1,134 @@
+// Exactly-once settlement. A payment id (see payment-id.ts) is claimed in the store by exactly one
+// caller, on any replica; that caller runs the mechanism, everyone else waits for and returns the
+// recorded outcome. A payment that produced a transaction is never executed again: only its
+// transaction is driven to a receipt. Waits are bounded: past the bound the answer is
+// `settlement_pending` with the hash, and a retry reports the current state.
+import { randomUUID } from "node:crypto";
+import type { PaymentPayload, PaymentRequirements, SettleResponse } from "@x402/core/types";
+import type { Address } from "viem";
+import type { ChainClient } from "../chain.ts";
+import { settlementContext } from "./context.ts";
+import { paymentIdentity } from "./payment-id.ts";
+import { findMined, sleep } from "./receipts.ts";
+import type { SettlementStore } from "./store.ts";
+
+export interface CoordinatorOptions {
+  store: SettlementStore;
+  chain: ChainClient;
+  network: string;
+  /** How long a caller waits for an outcome before answering settlement_pending. */
+  waitBoundMs: number;
+  confirmations: number;
+  /** A claim with no transaction is taken over by another caller after this long. */
+  leaseMs?: number;
+  pollIntervalMs?: number;
+}
+
+export interface SettleJob {
+  payload: PaymentPayload;
+  requirements: PaymentRequirements;
+  /** A key the transaction must be sent from (upto). */
+  signer?: Address;
+  /** Fields every success answer carries besides the transaction (upto: the settled amount). */
+  extra?: Record<string, unknown>;
+  run: () => Promise<SettleResponse>;
+}
+
+export const SETTLEMENT_PENDING = "settlement_pending";
+const OPEN = new Set(["signed", "broadcast"]);
+
+export function createSettlementCoordinator(opts: CoordinatorOptions) {
+  const owner = randomUUID();
+  const leaseMs = opts.leaseMs ?? 30_000;
+  const poll = opts.pollIntervalMs ?? 50;
+  const { store, network } = opts;
+
+  const pending = (payer: string | null, transaction: string, message: string): SettleResponse => ({
+    success: false,
+    errorReason: SETTLEMENT_PENDING,
+    errorMessage: message,
+    transaction,
+    network: network as SettleResponse["network"],
+    ...(payer ? { payer } : {}),
+  });
+
+  /** Answers from the store, so every caller of one payment gets the very same body. */
+  async function stored(paymentId: string): Promise<SettleResponse> {
+    return (await store.payment(paymentId))!.response as unknown as SettleResponse;
+  }
+
+  /** Waits (bounded) for a payment that already has a transaction. */
+  async function awaitOutcome(paymentId: string, deadline: number): Promise<SettleResponse> {
+    for (;;) {
+      const row = (await store.payment(paymentId))!;
+      if (row.state === "succeeded" || row.state === "failed") return row.response as unknown as SettleResponse;
+      const txs = await store.outboxForPayment(paymentId);
+      const open = txs.filter((t) => OPEN.has(t.state));
+      for (const tx of open) {
+        const mined = await findMined(opts.chain, tx.hashes, opts.confirmations);
+        if (mined) {
+          await store.recordMined(paymentId, tx.id, mined.hash, mined.receipt.status === "success");
+          return stored(paymentId);
+        }
+      }
+      const settled = txs.find((t) => t.state === "confirmed" || t.state === "reverted");
+      if (settled && open.length === 0) {
+        await store.recordMined(paymentId, settled.id, settled.mined_hash!, settled.state === "confirmed");
+        return stored(paymentId);
+      }
+      if (Date.now() >= deadline) {
+        const latest = open[open.length - 1] ?? txs[txs.length - 1];
+        const response = pending(row.payer, latest?.hash ?? "", "the transaction is not mined yet; retry /settle to get its outcome");
+        await store.record(paymentId, "pending", response as unknown as Record<string, unknown>);
+        return response;
+      }
+      await sleep(poll);
+    }
+  }
+
+  /** This caller holds the claim: run the mechanism, then record what happened. */
+  async function execute(job: SettleJob, paymentId: string, payer: string | null, deadline: number): Promise<SettleResponse> {
+    const result = await settlementContext.run({ paymentId, signer: job.signer }, job.run);
+    const txs = await store.outboxForPayment(paymentId);
+    if (txs.length === 0) {
+      if (result.success) {
+        await store.record(paymentId, "succeeded", result as unknown as Record<string, unknown>); // nothing to send (upto with 0)
+        return stored(paymentId);
+      }
+      await store.release(paymentId); // refused before any transaction: a later retry may try again
+      return result;
+    }
+    const mined = txs.find((t) => t.state === "confirmed" && t.mined_hash);
+    if (result.success && mined) {
+      // The mined hash may be a fee replacement of the one the mechanism sent.
+      await store.record(paymentId, "succeeded", { ...result, transaction: mined.mined_hash } as unknown as Record<string, unknown>);
+      return stored(paymentId);
+    }
+    if (!result.success && result.errorReason !== SETTLEMENT_PENDING && txs.every((t) => !OPEN.has(t.state))) {
+      await store.record(paymentId, "failed", result as unknown as Record<string, unknown>);
+      return stored(paymentId);
+    }
+    // A transaction exists but its outcome is not known: drive it (bounded), never re-execute.
+    return awaitOutcome(paymentId, deadline);
+  }
+
+  return {
+    owner,
+    async settle(job: SettleJob): Promise<SettleResponse> {
+      const { id, payer } = paymentIdentity(job.payload, job.requirements);
+      const deadline = Date.now() + opts.waitBoundMs;
+      for (;;) {
+        const claim = await store.claim(id, job.requirements.scheme, payer, job.extra ?? {}, owner, leaseMs);
+        if (claim.claimed) return execute(job, id, payer, deadline);
+        const row = claim.row;
+        if (row.state === "succeeded" || row.state === "failed") return row.response as unknown as SettleResponse;
+        if ((await store.outboxForPayment(id)).length > 0) return awaitOutcome(id, deadline);
+        if (row.lease_expired && (await store.takeOver(id, owner, leaseMs))) return execute(job, id, payer, deadline);
+        if (Date.now() >= deadline) return pending(payer, "", "another request is settling this payment; retry /settle to get its outcome");
+        await sleep(poll);
+      }
+    },
+  };
+}
+
+export type SettlementCoordinator = ReturnType<typeof createSettlementCoordinator>;

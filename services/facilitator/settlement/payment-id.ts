@@ -1,0 +1,39 @@
+// A payment's identity: what the chain itself can execute only once. For EIP-3009 that is the
+// (token, from, nonce) authorization; for Permit2 the (owner, nonce) pair; anything else is
+// identified by its canonical signed payload. Network and scheme are always part of it.
+import { keccak256, toBytes, getAddress } from "viem";
+import type { PaymentPayload, PaymentRequirements } from "@x402/core/types";
+
+type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
+
+/** JSON with sorted keys and lower-cased hex strings, so equal payloads give equal text. */
+export function canonicalJson(value: unknown): string {
+  const norm = (v: unknown): Json => {
+    if (Array.isArray(v)) return v.map(norm);
+    if (v && typeof v === "object") {
+      return Object.fromEntries(Object.keys(v).sort().map((k) => [k, norm((v as Record<string, unknown>)[k])]));
+    }
+    if (typeof v === "string" && /^0x[0-9a-fA-F]*$/.test(v)) return v.toLowerCase();
+    return v as Json;
+  };
+  return JSON.stringify(norm(value));
+}
+
+export function paymentIdentity(payload: PaymentPayload, requirements: PaymentRequirements): { id: string; payer: string | null } {
+  const p = payload.payload as Record<string, Record<string, unknown> | undefined>;
+  const scope = `${requirements.network}|${requirements.scheme}`;
+  let key: string;
+  let payer: string | null = null;
+  const auth = p.authorization;
+  const permit = p.permit2Authorization;
+  if (auth && typeof auth.from === "string" && typeof auth.nonce === "string") {
+    payer = getAddress(auth.from);
+    key = `eip3009|${getAddress(requirements.asset)}|${payer}|${auth.nonce.toLowerCase()}`;
+  } else if (permit && typeof permit.from === "string" && typeof permit.nonce === "string") {
+    payer = getAddress(permit.from);
+    key = `permit2|${payer}|${permit.nonce}`;
+  } else {
+    key = `payload|${canonicalJson(payload.payload)}`;
+  }
+  return { id: keccak256(toBytes(`${scope}|${key}`)), payer };
+}

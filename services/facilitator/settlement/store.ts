@@ -1,0 +1,283 @@
+// The settlement store: payments (one row per payment id, the exactly-once anchor), per-key nonce
+// counters, and the outbox of signed transactions. Every query is plain PostgreSQL and runs the
+// same on the embedded engine and on a server shared by several facilitator processes.
+import type { Database, Migration } from "../../platform/storage.ts";
+
+export const SETTLEMENT_MIGRATIONS: Migration[] = [
+  {
+    id: "settlement/001_outbox",
+    sql: `
+CREATE TABLE settlement_payments (
+  network text NOT NULL,
+  payment_id text NOT NULL,
+  scheme text NOT NULL,
+  payer text,
+  state text NOT NULL CHECK (state IN ('claimed', 'pending', 'succeeded', 'failed')),
+  owner text,
+  lease_until timestamptz,
+  response jsonb,
+  success_extra jsonb NOT NULL DEFAULT '{}',
+  created_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (network, payment_id)
+);
+CREATE TABLE settlement_nonces (
+  network text NOT NULL,
+  signer text NOT NULL,
+  next_nonce bigint NOT NULL,
+  PRIMARY KEY (network, signer)
+);
+CREATE TABLE settlement_outbox (
+  id bigserial PRIMARY KEY,
+  network text NOT NULL,
+  payment_id text NOT NULL,
+  signer text NOT NULL,
+  nonce bigint NOT NULL,
+  to_address text NOT NULL,
+  data text NOT NULL,
+  gas numeric(78,0) NOT NULL,
+  max_fee_per_gas numeric(78,0) NOT NULL,
+  max_priority_fee_per_gas numeric(78,0) NOT NULL,
+  raw_tx text NOT NULL,
+  hash text NOT NULL,
+  hashes text[] NOT NULL,
+  state text NOT NULL CHECK (state IN ('signed', 'broadcast', 'confirmed', 'reverted', 'dropped')),
+  attempts integer NOT NULL DEFAULT 0,
+  mined_hash text,
+  last_error text,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  UNIQUE (network, signer, nonce)
+);
+CREATE INDEX settlement_outbox_payment ON settlement_outbox (network, payment_id);
+CREATE INDEX settlement_outbox_open ON settlement_outbox (network, state) WHERE state IN ('signed', 'broadcast')`,
+  },
+];
+
+export type PaymentState = "claimed" | "pending" | "succeeded" | "failed";
+export type OutboxState = "signed" | "broadcast" | "confirmed" | "reverted" | "dropped";
+
+export interface PaymentRow {
+  payment_id: string;
+  scheme: string;
+  payer: string | null;
+  state: PaymentState;
+  owner: string | null;
+  lease_expired: boolean;
+  response: Record<string, unknown> | null;
+  /** Fields a success answer carries besides the transaction (upto: the settled amount). */
+  success_extra: Record<string, unknown>;
+}
+
+export interface OutboxRow {
+  id: string;
+  payment_id: string;
+  signer: `0x${string}`;
+  nonce: string;
+  to_address: `0x${string}`;
+  data: `0x${string}`;
+  gas: string;
+  max_fee_per_gas: string;
+  max_priority_fee_per_gas: string;
+  raw_tx: `0x${string}`;
+  hash: `0x${string}`;
+  hashes: `0x${string}`[];
+  state: OutboxState;
+  attempts: number;
+  mined_hash: `0x${string}` | null;
+  age_seconds: number;
+}
+
+export interface SignedTransaction {
+  raw: `0x${string}`;
+  hash: `0x${string}`;
+}
+
+export interface NewOutboxEntry {
+  paymentId: string;
+  signer: `0x${string}`;
+  to: `0x${string}`;
+  data: `0x${string}`;
+  gas: bigint;
+  maxFeePerGas: bigint;
+  maxPriorityFeePerGas: bigint;
+}
+
+const OUTBOX_COLUMNS = `id::text AS id, payment_id, signer, nonce::text AS nonce, to_address, data, gas::text AS gas,
+  max_fee_per_gas::text AS max_fee_per_gas, max_priority_fee_per_gas::text AS max_priority_fee_per_gas,
+  raw_tx, hash, hashes, state, attempts, mined_hash, EXTRACT(EPOCH FROM (now() - created_at))::float8 AS age_seconds`;
+
+export function createSettlementStore(db: Database, network: string) {
+  return {
+    db,
+
+    /** Claims a payment for this process. Returns "claimed" for the winner, or the existing row. */
+    async claim(paymentId: string, scheme: string, payer: string | null, successExtra: Record<string, unknown>, owner: string, leaseMs: number): Promise<{ claimed: true } | { claimed: false; row: PaymentRow }> {
+      const inserted = await db.query(
+        `INSERT INTO settlement_payments (network, payment_id, scheme, payer, success_extra, state, owner, lease_until)
+         VALUES ($1, $2, $3, $4, $5, 'claimed', $6, now() + ($7 || ' milliseconds')::interval)
+         ON CONFLICT (network, payment_id) DO NOTHING RETURNING payment_id`,
+        [network, paymentId, scheme, payer, JSON.stringify(successExtra), owner, String(leaseMs)],
+      );
+      if (inserted.length) return { claimed: true };
+      const row = await this.payment(paymentId);
+      if (!row) return this.claim(paymentId, scheme, payer, successExtra, owner, leaseMs); // released in between
+      return { claimed: false, row };
+    },
+
+    /** Takes over a claim whose owner's lease ran out and which never produced a transaction. */
+    async takeOver(paymentId: string, owner: string, leaseMs: number): Promise<boolean> {
+      const rows = await db.query(
+        `UPDATE settlement_payments SET owner = $3, lease_until = now() + ($4 || ' milliseconds')::interval, updated_at = now()
+         WHERE network = $1 AND payment_id = $2 AND state = 'claimed' AND lease_until < now()
+           AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = $2)
+         RETURNING payment_id`,
+        [network, paymentId, owner, String(leaseMs)],
+      );
+      return rows.length > 0;
+    },
+
+    async payment(paymentId: string): Promise<PaymentRow | undefined> {
+      const rows = await db.query<PaymentRow>(
+        `SELECT payment_id, scheme, payer, state, owner, (lease_until IS NOT NULL AND lease_until < now()) AS lease_expired, response, success_extra
+         FROM settlement_payments WHERE network = $1 AND payment_id = $2`,
+        [network, paymentId],
+      );
+      return rows[0];
+    },
+
+    async record(paymentId: string, state: Exclude<PaymentState, "claimed">, response: Record<string, unknown>): Promise<void> {
+      // A final state is never overwritten by a later, staler write.
+      await db.query(
+        `UPDATE settlement_payments SET state = $3, response = $4, lease_until = NULL, updated_at = now()
+         WHERE network = $1 AND payment_id = $2 AND state NOT IN ('succeeded', 'failed')`,
+        [network, paymentId, state, JSON.stringify(response)],
+      );
+    },
+
+    /** Forgets a claim that produced no transaction (a payment-level refusal): a later retry may try again. */
+    async release(paymentId: string): Promise<void> {
+      await db.query(
+        `DELETE FROM settlement_payments p WHERE network = $1 AND payment_id = $2 AND state = 'claimed'
+           AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = $2)`,
+        [network, paymentId],
+      );
+    },
+
+    /**
+     * Allocates the key's next nonce, signs with it and stores the transaction, in one
+     * transaction: the row lock on the key's counter orders every sender of that key, in any
+     * process. `initialNonce` seeds a key the store has not seen (its pending count on chain).
+     */
+    async allocateAndStore(entry: NewOutboxEntry, initialNonce: () => Promise<number>, sign: (nonce: bigint) => Promise<SignedTransaction>): Promise<OutboxRow> {
+      const seed = await this.hasNonce(entry.signer) ? undefined : await initialNonce();
+      return db.transaction(async (tx) => {
+        if (seed !== undefined) {
+          await tx.query(`INSERT INTO settlement_nonces (network, signer, next_nonce) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, [network, entry.signer, seed]);
+        }
+        const [counter] = await tx.query<{ next_nonce: string }>(
+          `SELECT next_nonce::text AS next_nonce FROM settlement_nonces WHERE network = $1 AND signer = $2 FOR UPDATE`,
+          [network, entry.signer],
+        );
+        const nonce = BigInt(counter!.next_nonce);
+        const signed = await sign(nonce);
+        await tx.query(`UPDATE settlement_nonces SET next_nonce = $3 WHERE network = $1 AND signer = $2`, [network, entry.signer, (nonce + 1n).toString()]);
+        const [row] = await tx.query<OutboxRow>(
+          `INSERT INTO settlement_outbox (network, payment_id, signer, nonce, to_address, data, gas, max_fee_per_gas, max_priority_fee_per_gas, raw_tx, hash, hashes, state)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, ARRAY[$11], 'signed') RETURNING ${OUTBOX_COLUMNS}`,
+          [network, entry.paymentId, entry.signer, nonce.toString(), entry.to, entry.data, entry.gas.toString(), entry.maxFeePerGas.toString(), entry.maxPriorityFeePerGas.toString(), signed.raw, signed.hash],
+        );
+        return row!;
+      });
+    },
+
+    async hasNonce(signer: string): Promise<boolean> {
+      return (await db.query(`SELECT 1 FROM settlement_nonces WHERE network = $1 AND signer = $2`, [network, signer])).length > 0;
+    },
+
+    /** Moves the key's counter forward when the chain is ahead of it (the key was used elsewhere). */
+    async advanceNonce(signer: string, atLeast: number): Promise<void> {
+      await db.query(`UPDATE settlement_nonces SET next_nonce = GREATEST(next_nonce, $3) WHERE network = $1 AND signer = $2`, [network, signer, atLeast]);
+    },
+
+    async markBroadcast(id: string, error?: string): Promise<void> {
+      await db.query(
+        `UPDATE settlement_outbox SET state = CASE WHEN state = 'signed' THEN 'broadcast' ELSE state END, attempts = attempts + 1, last_error = $2, updated_at = now() WHERE id = $1`,
+        [id, error ?? null],
+      );
+    },
+
+    async noteError(id: string, error: string): Promise<void> {
+      await db.query(`UPDATE settlement_outbox SET attempts = attempts + 1, last_error = $2, updated_at = now() WHERE id = $1`, [id, error.slice(0, 500)]);
+    },
+
+    /**
+     * Replaces the current attempt (same nonce, higher fees) keeping every earlier hash. A
+     * compare-and-set on the attempt being replaced: of several reconcilers, one wins.
+     */
+    async replace(id: string, replacedHash: string, fees: { maxFeePerGas: bigint; maxPriorityFeePerGas: bigint }, signed: SignedTransaction): Promise<boolean> {
+      const rows = await db.query(
+        `UPDATE settlement_outbox SET raw_tx = $3, hash = $4, hashes = array_append(hashes, $4), max_fee_per_gas = $5, max_priority_fee_per_gas = $6, updated_at = now()
+         WHERE id = $1 AND hash = $2 AND state IN ('signed', 'broadcast') RETURNING id`,
+        [id, replacedHash, signed.raw, signed.hash, fees.maxFeePerGas.toString(), fees.maxPriorityFeePerGas.toString()],
+      );
+      return rows.length > 0;
+    },
+
+    /** Records a mined transaction as the outcome of its payment (and of the outbox row). */
+    async recordMined(paymentId: string, txId: string, minedHash: string, success: boolean): Promise<void> {
+      await this.markMined(txId, minedHash, success);
+      const payment = await this.payment(paymentId);
+      if (!payment) return;
+      const base = { transaction: minedHash, network, ...(payment.payer ? { payer: payment.payer } : {}) };
+      await this.record(
+        paymentId,
+        success ? "succeeded" : "failed",
+        success ? { success: true, ...base, ...payment.success_extra } : { success: false, errorReason: "invalid_transaction_state", errorMessage: "the settlement transaction reverted", ...base },
+      );
+    },
+
+    async markMined(id: string, minedHash: string, success: boolean): Promise<void> {
+      await db.query(`UPDATE settlement_outbox SET state = $2, mined_hash = $3, updated_at = now() WHERE id = $1 AND state IN ('signed', 'broadcast')`, [id, success ? "confirmed" : "reverted", minedHash]);
+    },
+
+    async markDropped(id: string, error: string): Promise<void> {
+      await db.query(`UPDATE settlement_outbox SET state = 'dropped', last_error = $2, updated_at = now() WHERE id = $1`, [id, error.slice(0, 500)]);
+    },
+
+    async outboxForPayment(paymentId: string): Promise<OutboxRow[]> {
+      return db.query<OutboxRow>(`SELECT ${OUTBOX_COLUMNS} FROM settlement_outbox WHERE network = $1 AND payment_id = $2 ORDER BY id`, [network, paymentId]);
+    },
+
+    async outboxByHash(hash: string): Promise<OutboxRow | undefined> {
+      return (await db.query<OutboxRow>(`SELECT ${OUTBOX_COLUMNS} FROM settlement_outbox WHERE network = $1 AND $2 = ANY(hashes)`, [network, hash]))[0];
+    },
+
+    /** Open transactions of the given keys (a process can only drive transactions it can sign). */
+    async openOutbox(signers: readonly string[], limit = 500): Promise<OutboxRow[]> {
+      return db.query<OutboxRow>(
+        `SELECT ${OUTBOX_COLUMNS} FROM settlement_outbox WHERE network = $1 AND state IN ('signed', 'broadcast') AND signer = ANY($2) ORDER BY id LIMIT $3`,
+        [network, signers, limit],
+      );
+    },
+
+    async stats(): Promise<{ states: Record<string, number>; oldestOpenSeconds: number; pendingBySigner: Record<string, number> }> {
+      const states = await db.query<{ state: string; n: number }>(`SELECT state, count(*)::int AS n FROM settlement_outbox WHERE network = $1 GROUP BY state`, [network]);
+      const [oldest] = await db.query<{ age: number | null }>(
+        `SELECT EXTRACT(EPOCH FROM (now() - min(created_at)))::float8 AS age FROM settlement_outbox WHERE network = $1 AND state IN ('signed', 'broadcast')`,
+        [network],
+      );
+      const bySigner = await db.query<{ signer: string; n: number }>(
+        `SELECT signer, count(*)::int AS n FROM settlement_outbox WHERE network = $1 AND state IN ('signed', 'broadcast') GROUP BY signer`,
+        [network],
+      );
+      return {
+        states: Object.fromEntries(states.map((s) => [s.state, s.n])),
+        oldestOpenSeconds: oldest?.age ?? 0,
+        pendingBySigner: Object.fromEntries(bySigner.map((s) => [s.signer, s.n])),
+      };
+    },
+  };
+}
+
+export type SettlementStore = ReturnType<typeof createSettlementStore>;
