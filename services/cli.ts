@@ -18,6 +18,10 @@ commands:
   router        the public /v2 edge
                 --routing-table FILE --port 4020 --admin-port 9420 --host 127.0.0.1
                 (env: X402_ROUTING_TABLE, PORT, ADMIN_PORT, HOST, OTEL_EXPORTER_OTLP_ENDPOINT)
+  hub           the wallet-scoped key-value store (writes signed by the owner's wallet; docs/hub.md)
+                --port 4030 --admin-port 9430 --host 127.0.0.1 --data-dir .data/hub [--rpc-url URL] [--chain-id 8453]
+                (env: DATABASE_URL (PostgreSQL instead of the embedded engine), HUB_DATA_DIR, HUB_RPC_URL,
+                 HUB_CHAIN_ID, HUB_DOMAIN_NAME, HUB_MAX_EXPIRY_SECONDS, HUB_BODY_LIMIT, PORT, ADMIN_PORT, HOST)
   pay           sign, verify and settle an example payment on a running devnet
                 --network eip155:8453 --amount 10000 [--method eip3009|permit2] [--state-dir .devnet]
                 [--body-only: print the signed request body for curl instead of sending it]
@@ -54,6 +58,8 @@ export async function main(argv: string[]): Promise<void> {
       amount: { type: "string" },
       method: { type: "string" },
       "body-only": { type: "boolean" },
+      "data-dir": { type: "string" },
+      "chain-id": { type: "string" },
     },
   });
   const port = values.port ?? process.env.PORT;
@@ -103,6 +109,30 @@ export async function main(argv: string[]): Promise<void> {
         host: values.host ?? process.env.HOST ?? "127.0.0.1",
         port: Number(port ?? 4020),
         adminPort: adminPort !== undefined ? Number(adminPort) : undefined,
+      });
+      onShutdown(running.close);
+      return;
+    }
+    case "hub": {
+      const { startHubService } = await import("./hub/service.ts");
+      const env = process.env;
+      const num = (name: string, v: string | undefined) => {
+        if (v === undefined || v === "") return undefined;
+        if (!/^\d+$/.test(v)) throw new Error(`hub: ${name} must be a non-negative integer, got ${JSON.stringify(v)}`);
+        return Number(v);
+      };
+      const running = await startHubService({
+        host: values.host ?? env.HOST ?? "127.0.0.1",
+        port: num("--port", port) ?? 4030,
+        adminPort: num("--admin-port", values["admin-port"] ?? env.ADMIN_PORT),
+        databaseUrl: env.DATABASE_URL || undefined,
+        dataDir: values["data-dir"] ?? env.HUB_DATA_DIR ?? ".data/hub",
+        rpcUrl: values["rpc-url"]?.[0] ?? (env.HUB_RPC_URL || undefined),
+        chainId: num("--chain-id", values["chain-id"] ?? env.HUB_CHAIN_ID),
+        domainName: env.HUB_DOMAIN_NAME || undefined,
+        maxExpirySeconds: num("HUB_MAX_EXPIRY_SECONDS", env.HUB_MAX_EXPIRY_SECONDS),
+        bodyLimit: num("HUB_BODY_LIMIT", env.HUB_BODY_LIMIT),
+        logger: createLogger("hub"),
       });
       onShutdown(running.close);
       return;

@@ -10,6 +10,7 @@ import { startRouterService } from "../services/router/service.ts";
 import type { RunningDevnet } from "../services/devnet/devnet.ts";
 
 let devnet: RunningDevnet;
+const PAIRS = ["batch-settlement@eip155:56", "batch-settlement@eip155:8453", "exact@eip155:56", "exact@eip155:8453", "upto@eip155:56", "upto@eip155:8453"];
 let base: string; // ends in /v2
 let origin: string;
 
@@ -59,11 +60,16 @@ describe("service contract: paths and methods", () => {
     expectErrorBody(r.json, "method_not_allowed");
   });
 
-  it("GET /v2/supported lists exact for each routed network with the signers", async () => {
+  it("GET /v2/supported lists the three schemes of each routed network, upto with its facilitator address", async () => {
     const r = await postJson(`${base}/supported`, undefined, { method: "GET" });
     expect(r.status).toBe(200);
-    const kinds = (r.json.kinds as { scheme: string; network: string; x402Version: number }[]).map((k) => `${k.scheme}@${k.network}@${k.x402Version}`).sort();
-    expect(kinds).toEqual(["exact@eip155:56@2", "exact@eip155:8453@2"]);
+    const kinds = r.json.kinds as { scheme: string; network: string; x402Version: number; extra?: Record<string, unknown> }[];
+    expect(kinds.map((k) => `${k.scheme}@${k.network}@${k.x402Version}`).sort()).toEqual(PAIRS.map((p) => `${p}@2`));
+    for (const k of kinds) {
+      const signer = devnet.info.networks.find((n) => n.network === k.network)!.signers[0];
+      if (k.scheme === "upto") expect(k.extra).toEqual({ facilitatorAddress: signer });
+      else expect(k.extra).toBeUndefined(); // extra only for upto (no receiverAuthorizer unless configured)
+    }
     const signers = (r.json.signers as Record<string, string[]>)["eip155:*"];
     expect(signers).toEqual(expect.arrayContaining(devnet.info.networks.flatMap((n) => n.signers)));
   });
@@ -73,7 +79,7 @@ describe("service contract: request-level errors are 400 with one error field", 
   it("an unroutable pair lists every registered pair as scheme@network", async () => {
     const body = await validBody();
     for (const [scheme, network] of [
-      ["upto", "eip155:8453"],
+      ["streaming", "eip155:8453"],
       ["exact", "eip155:1"],
       ["batch-settlement", "eip155:42161"],
     ]) {
@@ -81,7 +87,7 @@ describe("service contract: request-level errors are 400 with one error field", 
       expect(r.status).toBe(400);
       expectErrorBody(r.json, "unsupported_scheme_network");
       const detail = (r.json.error as string).split("registered pairs: ")[1]!;
-      expect(detail.split(", ").sort()).toEqual(["exact@eip155:56", "exact@eip155:8453"]);
+      expect(detail.split(", ").sort()).toEqual(PAIRS);
       expect(r.json.error).toContain(`${scheme}@${network}`);
     }
   });

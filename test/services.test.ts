@@ -112,7 +112,7 @@ describe("x402-fleet devnet", () => {
       }
       expect(info.payers.map((p: { permit2Approved: boolean }) => p.permit2Approved)).toEqual([true, false]);
       expect(info.routerUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/v2$/);
-      expect(info.hubUrl).toBeNull();
+      expect(info.hubUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/); // the hub (issue 8)
       expect(out).toContain("curl");
 
       const exited = new Promise<number | null>((r) => child.once("exit", (code) => r(code)));

@@ -10,6 +10,7 @@ import { openDatabase, type Database } from "../platform/storage.ts";
 import { startFacilitatorService, type RunningFacilitator } from "../facilitator/service.ts";
 import { resolveFacilitatorConfig } from "../facilitator/config.ts";
 import { startRouterService, type RunningRouter } from "../router/service.ts";
+import { startHubService, type RunningHub } from "../hub/service.ts";
 import type { RoutingTable } from "../router/routing-table.ts";
 import { startAnvil, type AnvilNode } from "./anvil.ts";
 import { setupDevnetChain } from "./chain-setup.ts";
@@ -29,6 +30,8 @@ export interface DevnetOptions {
   host?: string;
   stateDir?: string;
   logger?: Logger;
+  /** Start the hub (embedded engine under `${stateDir}/hub`, port+10); default true. */
+  hub?: boolean;
 }
 
 export interface DevnetNetwork {
@@ -78,7 +81,9 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
   let db: Database | undefined;
   const facilitators: RunningFacilitator[] = [];
   let router: RunningRouter | undefined;
+  let hub: RunningHub | undefined;
   const stop = async () => {
+    await hub?.close().catch(() => undefined);
     await router?.close().catch(() => undefined);
     await Promise.all(facilitators.map((f) => f.close().catch(() => undefined)));
     await Promise.all(anvils.map((a) => a.stop()));
@@ -108,7 +113,7 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
           network: net.network,
           rpcUrls: [anvil.rpcUrl],
           signerKeyFile: keyFile,
-          schemes: ["exact"],
+          schemes: ["exact", "upto", "batch-settlement"],
           host,
           port: routerPort === 0 ? 0 : routerPort + 101 + i,
           adminPort: routerPort === 0 ? 0 : routerPort + 201 + i,
@@ -134,10 +139,23 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
       logger.child({ service: "router" }),
     );
 
+    if (opts.hub ?? true) {
+      // ERC-1271 contract wallets are checked on the Base chain of the devnet (else the first one).
+      const hubChain = networks.find(({ net }) => net.network === "eip155:8453") ?? networks[0];
+      hub = await startHubService({
+        host,
+        port: routerPort === 0 ? 0 : routerPort + 10,
+        adminPort: routerPort === 0 ? 0 : routerPort + 110,
+        dataDir: join(stateDir, "hub"),
+        rpcUrl: hubChain?.anvil.rpcUrl,
+        logger: logger.child({ service: "hub" }),
+      });
+    }
+
     const info: DevnetInfo = {
       routerUrl: router.url,
       routerAdminUrl: router.adminUrl,
-      hubUrl: null,
+      hubUrl: hub?.url ?? null,
       networks: networks.map(({ net, anvil, facilitator }) => ({
         network: net.network,
         chainId: net.chainId,
@@ -167,6 +185,7 @@ export function devnetGuide(info: DevnetInfo, infoPath: string): string {
     "",
     `  router      ${info.routerUrl}   (POST /verify, POST /settle, GET /supported)`,
     ...info.networks.map((n) => `  ${n.network.padEnd(13)} rpc ${n.rpcUrl}   facilitator ${n.facilitatorUrl}`),
+    ...(info.hubUrl ? [`  hub         ${info.hubUrl}   (POST /api/upload signed by the owner's wallet, /api/download, /api/conversation; docs/hub.md)`] : []),
     `  metrics     ${info.routerAdminUrl}/metrics   (and /healthz, /readyz; each facilitator's adminUrl in the details)`,
     `  details     ${infoPath}`,
     "",

@@ -1,8 +1,8 @@
 // Facilitator configuration from flags, environment and an optional JSON file (in that order of
 // precedence). Signer keys come from a file (a mounted Secret: one 0x-hex key per line).
 import { readFileSync } from "node:fs";
-import { bytesToHex } from "viem";
-import { mnemonicToAccount } from "viem/accounts";
+import { bytesToHex, getAddress } from "viem";
+import { mnemonicToAccount, privateKeyToAccount } from "viem/accounts";
 import { z } from "zod";
 import { CAIP2_PATTERN, networkInfo, type AssetInfo, type Caip2 } from "../x402/networks.ts";
 import { SCHEMES, type Scheme } from "../x402/wire.ts";
@@ -29,6 +29,10 @@ export interface FacilitatorConfig {
   maxFeePerGasWei?: bigint;
   /** A transaction without a receipt after this long is replaced with higher fees. */
   replaceAfterMs: number;
+  /** The key upto payments must name (extra.facilitatorAddress); one of signerKeys, the first by default. */
+  uptoFacilitatorAddress: `0x${string}`;
+  /** batch-settlement receiver-authorizer key; unset: servers sign their own claims and refunds. */
+  receiverAuthorizerKey?: `0x${string}`;
 }
 
 const keyPattern = /^0x[0-9a-fA-F]{64}$/;
@@ -45,6 +49,8 @@ const fileSchema = z
     confirmations: z.number().int().min(1).max(1000),
     maxFeePerGasWei: z.string().regex(/^[0-9]+$/),
     replaceAfterMs: z.number().int().positive(),
+    uptoFacilitatorAddress: z.string().regex(/^0x[0-9a-fA-F]{40}$/),
+    receiverAuthorizerKeyFile: z.string(),
     schemes: z.array(z.enum(SCHEMES)).min(1),
     host: z.string(),
     port: z.number().int().min(0).max(65535),
@@ -93,6 +99,8 @@ export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorCon
     confirmations: env.X402_CONFIRMATIONS ? Number(env.X402_CONFIRMATIONS) : undefined,
     maxFeePerGasWei: env.X402_MAX_FEE_PER_GAS_WEI,
     replaceAfterMs: env.X402_REPLACE_AFTER_MS ? Number(env.X402_REPLACE_AFTER_MS) : undefined,
+    uptoFacilitatorAddress: env.X402_UPTO_FACILITATOR_ADDRESS,
+    receiverAuthorizerKeyFile: env.X402_RECEIVER_AUTHORIZER_KEY_FILE,
     schemes: list(env.X402_SCHEMES) as Scheme[] | undefined,
     host: env.HOST,
     port: env.PORT ? Number(env.PORT) : undefined,
@@ -125,11 +133,20 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
         ? keysFromMnemonic(readKeyFile(c.signerMnemonicFile), c.signerCount ?? 1)
         : [];
   if (signerKeys.length === 0) throw new Error("facilitator config: no signer keys (--signer-key-file / X402_SIGNER_KEY_FILE, or X402_SIGNER_MNEMONIC_FILE with X402_SIGNER_COUNT)");
+  const addresses = signerKeys.map((k) => privateKeyToAccount(k).address);
+  const uptoFacilitatorAddress = c.uptoFacilitatorAddress ? getAddress(c.uptoFacilitatorAddress) : addresses[0]!;
+  if (!addresses.includes(uptoFacilitatorAddress)) throw new Error(`facilitator config: uptoFacilitatorAddress ${uptoFacilitatorAddress} is not one of the signer keys`);
+  let receiverAuthorizerKey: `0x${string}` | undefined;
+  if (c.receiverAuthorizerKeyFile) {
+    const keys = parseSignerKeys(readKeyFile(c.receiverAuthorizerKeyFile));
+    if (keys.length !== 1) throw new Error("facilitator config: the receiver authorizer key file must hold exactly one key");
+    receiverAuthorizerKey = keys[0];
+  }
   return {
     network: c.network as Caip2,
     rpcUrls: c.rpcUrls,
     signerKeys,
-    schemes: c.schemes ?? ["exact"],
+    schemes: c.schemes ?? [...SCHEMES],
     host: c.host ?? "127.0.0.1",
     port: c.port ?? 4021,
     receiptTimeoutMs: c.receiptTimeoutMs ?? 15_000,
@@ -141,6 +158,8 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
     confirmations: c.confirmations ?? 1,
     maxFeePerGasWei: c.maxFeePerGasWei !== undefined ? BigInt(c.maxFeePerGasWei) : undefined,
     replaceAfterMs: c.replaceAfterMs ?? 15_000,
+    uptoFacilitatorAddress,
+    receiverAuthorizerKey,
     assets: (c.assets as AssetInfo[] | undefined) ?? networkInfo(c.network)?.assets ?? [],
   };
 }

@@ -3,7 +3,9 @@
 import { x402Facilitator } from "@x402/core/facilitator";
 import type { PaymentPayload, PaymentRequirements, SettleResponse, SupportedResponse, VerifyResponse } from "@x402/core/types";
 import { ExactEvmScheme } from "@x402/evm/exact/facilitator";
-import { getAddress } from "viem";
+import { UptoEvmScheme } from "@x402/evm/upto/facilitator";
+import { BatchSettlementEvmScheme } from "@x402/evm/batch-settlement/facilitator";
+import { getAddress, type Address, type PrivateKeyAccount } from "viem";
 import { RequestError } from "../x402/errors.ts";
 import type { AssetInfo, Caip2 } from "../x402/networks.ts";
 import { checkSchemePayload } from "../x402/payloads.ts";
@@ -23,6 +25,10 @@ export interface FacilitatorOptions {
   assets: AssetInfo[];
   logger: Logger;
   metrics: Metrics;
+  /** The one key `upto` payments name in witness.facilitator (advertised as extra.facilitatorAddress). */
+  uptoFacilitatorAddress: Address;
+  /** batch-settlement: the receiver-authorizer key; when set, advertised as extra.receiverAuthorizer. */
+  receiverAuthorizer?: PrivateKeyAccount;
 }
 
 export interface Facilitator {
@@ -34,9 +40,15 @@ export interface Facilitator {
 
 export function createFacilitator(opts: FacilitatorOptions): Facilitator {
   const core = new x402Facilitator();
+  const upto = asCaller(opts.signer, opts.uptoFacilitatorAddress);
   for (const scheme of opts.schemes) {
+    // Each mechanism is registered for exactly this network: no eip155:* wildcard.
     if (scheme === "exact") core.register(opts.network, new ExactEvmScheme(opts.signer));
-    // upto and batch-settlement are registered by their own mechanisms when enabled (see issue tracker).
+    if (scheme === "upto") core.register(opts.network, new UptoEvmScheme(upto));
+    if (scheme === "batch-settlement") {
+      const authorizer = opts.receiverAuthorizer && { address: opts.receiverAuthorizer.address, signTypedData: (p: Parameters<PrivateKeyAccount["signTypedData"]>[0]) => opts.receiverAuthorizer!.signTypedData(p) };
+      core.register(opts.network, new BatchSettlementEvmScheme(asCaller(opts.signer, opts.uptoFacilitatorAddress), authorizer as never));
+    }
   }
   const supported = core.getSupported() as SupportedResponse;
   const pairs = supported.kinds.map((k) => pairKey(k.scheme, k.network));
@@ -91,7 +103,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       const response = await withSpan("facilitator.settle", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: SettleResponse;
         try {
-          r = scrub(await opts.coordinator.settle({ payload, requirements, run: () => core.settle(payload, requirements) }));
+          r = scrub(await opts.coordinator.settle({ ...settleJobOf(payload, requirements), run: () => core.settle(payload, requirements) }));
         } catch (e) {
           opts.logger.warn({ err: errorSummary(e), scheme: requirements.scheme }, "settle failed unexpectedly");
           r = { success: false, errorReason: "unexpected_settle_error", errorMessage: conciseMessage(e), transaction: "", network: requirements.network };
@@ -105,6 +117,30 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       return response;
     },
   };
+}
+
+/**
+ * The signer as one key: `upto` advertises getAddresses()[0] as the facilitator address (the
+ * reference picks one at random from several) and simulates settle calls from it.
+ */
+function asCaller(signer: OutboxSigner, address: Address): OutboxSigner {
+  return {
+    ...signer,
+    getAddresses: () => [address],
+    readContract: (args) => signer.readContract({ ...args, account: address } as typeof args),
+  };
+}
+
+/** How a settlement is identified and sent, by scheme and payload type. */
+function settleJobOf(payload: PaymentPayload, requirements: PaymentRequirements) {
+  const inner = payload.payload as { type?: string; permit2Authorization?: { witness?: { facilitator?: string } } };
+  if (requirements.scheme === "upto") {
+    const named = inner.permit2Authorization?.witness?.facilitator;
+    return { payload, requirements, signer: named ? getAddress(named) : undefined, extra: { amount: requirements.amount } };
+  }
+  // A batch sweep carries nothing unique (receiver, token) and may legitimately repeat: no replay identity.
+  if (requirements.scheme === "batch-settlement" && inner.type === "settle") return { payload, requirements, unique: true };
+  return { payload, requirements };
 }
 
 /** Mechanism messages can quote raw RPC errors (with the endpoint URL): keep them short and URL-free. */

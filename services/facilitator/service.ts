@@ -59,7 +59,17 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
   for (const a of accounts) metrics.signerPending.set({ network: config.network, signer: a.address }, 0);
   const coordinator = createSettlementCoordinator({ store, chain, network: config.network, waitBoundMs: config.receiptTimeoutMs, confirmations: config.confirmations });
   const reconciler = startReconciler({ store, signer, chain, network: config.network, confirmations: config.confirmations, logger: log, metrics, maxFeePerGasWei: config.maxFeePerGasWei, replaceAfterMs: config.replaceAfterMs });
-  const facilitator = createFacilitator({ network: config.network, signer, coordinator, schemes: config.schemes, assets: config.assets, logger: log, metrics });
+  const facilitator = createFacilitator({
+    network: config.network,
+    signer,
+    coordinator,
+    schemes: config.schemes,
+    assets: config.assets,
+    logger: log,
+    metrics,
+    uptoFacilitatorAddress: config.uptoFacilitatorAddress,
+    receiverAuthorizer: config.receiverAuthorizerKey ? privateKeyToAccount(config.receiverAuthorizerKey) : undefined,
+  });
 
   const ok = (body: unknown) => ({ status: 200, body });
   const app = createContractApp({

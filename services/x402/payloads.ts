@@ -32,9 +32,32 @@ export const exactPermit2Payload = z.object({
   }),
 });
 
-/** Validates `paymentPayload.payload` for a scheme; unknown schemes are left to their mechanism. */
+export const uptoPayload = z.object({
+  signature,
+  permit2Authorization: z.object({
+    from: hexAddress,
+    permitted,
+    spender: hexAddress,
+    nonce: uintString,
+    deadline: uintString,
+    witness: z.object({ to: hexAddress, facilitator: hexAddress, validAfter: uintString }),
+  }),
+});
+
+const batchPayload = z.object({ type: z.enum(["deposit", "voucher", "claim", "settle", "refund"]) }).passthrough();
+
+function schemaFor(scheme: string, payload: unknown): z.ZodTypeAny | undefined {
+  const isObject = payload !== null && typeof payload === "object";
+  if (scheme === "exact") return isObject && "permit2Authorization" in payload ? exactPermit2Payload : eip3009Payload;
+  if (scheme === "upto") return uptoPayload;
+  // batch-settlement payloads are many shapes; their mechanism checks the fields of each type.
+  if (scheme === "batch-settlement") return batchPayload;
+  return undefined;
+}
+
+/** Validates `paymentPayload.payload` for a scheme before a mechanism sees it. */
 export function checkSchemePayload(scheme: string, payload: unknown): void {
-  const schema = scheme === "exact" ? (payload && typeof payload === "object" && "permit2Authorization" in payload ? exactPermit2Payload : eip3009Payload) : undefined;
+  const schema = schemaFor(scheme, payload);
   if (!schema) return;
   const result = schema.safeParse(payload);
   if (!result.success) {

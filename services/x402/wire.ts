@@ -28,7 +28,8 @@ const requirementsFields = {
   payTo: hexAddress,
   amount: uintString.optional(),
   maxAmountRequired: uintString.optional(),
-  maxTimeoutSeconds: z.number().int().positive().max(31_536_000),
+  // 0 occurs: the reference batch-settlement server sends it on claim and sweep requests.
+  maxTimeoutSeconds: z.number().int().min(0).max(31_536_000),
   extra: z.record(z.unknown()).optional(),
   resource: z.string().max(4096).optional(),
   description: z.string().max(4096).optional(),

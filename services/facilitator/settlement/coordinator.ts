@@ -31,6 +31,8 @@ export interface SettleJob {
   signer?: Address;
   /** Fields every success answer carries besides the transaction (upto: the settled amount). */
   extra?: Record<string, unknown>;
+  /** A request with no replay identity (a batch sweep): its own id, so repeats are new settlements. */
+  unique?: boolean;
   run: () => Promise<SettleResponse>;
 }
 
@@ -115,7 +117,9 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
   return {
     owner,
     async settle(job: SettleJob): Promise<SettleResponse> {
-      const { id, payer } = paymentIdentity(job.payload, job.requirements);
+      const identity = paymentIdentity(job.payload, job.requirements);
+      const { payer } = identity;
+      const id = job.unique ? `${identity.id}:${randomUUID()}` : identity.id;
       const deadline = Date.now() + opts.waitBoundMs;
       for (;;) {
         const claim = await store.claim(id, job.requirements.scheme, payer, job.extra ?? {}, owner, leaseMs);

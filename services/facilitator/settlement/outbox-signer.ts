@@ -155,6 +155,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     broadcast,
     resign: (row, fee) => sign(accounts.get(row.signer.toLowerCase())!, { to: row.to_address, data: row.data, gas: BigInt(row.gas), nonce: BigInt(row.nonce), ...fee }),
 
+    // `account` (an eth_call's from) is passed through: upto simulates its settle call as the facilitator.
     readContract: (args) => client.readContract(args as Parameters<typeof client.readContract>[0]),
 
     async verifyTypedData(args) {

@@ -1,0 +1,52 @@
+// The hub's request errors: proper status codes and the contract's body `{"error": "<code>: <detail>"}`
+// (the original answered a non-standard 599 with `{"Type":"hub","Message":...}`).
+
+export type HubErrorCode =
+  | "invalid_json"
+  | "invalid_request"
+  | "unsupported_media_type"
+  | "payload_too_large"
+  | "not_found"
+  | "method_not_allowed"
+  | "missing_signature"
+  | "invalid_signature"
+  | "expired_signature"
+  | "expiry_too_far"
+  | "replayed_nonce"
+  | "rate_limited"
+  | "backend_unavailable"
+  | "internal_error";
+
+const STATUS: Record<HubErrorCode, number> = {
+  invalid_json: 400,
+  invalid_request: 400,
+  unsupported_media_type: 415,
+  payload_too_large: 413,
+  not_found: 404,
+  method_not_allowed: 405,
+  missing_signature: 401,
+  invalid_signature: 401,
+  expired_signature: 401,
+  expiry_too_far: 401,
+  replayed_nonce: 401,
+  rate_limited: 429,
+  backend_unavailable: 503,
+  internal_error: 500,
+};
+
+export class HubError extends Error {
+  readonly status: number;
+  constructor(
+    readonly code: HubErrorCode,
+    readonly detail: string,
+    /** Extra response headers, e.g. Retry-After on 429. */
+    readonly headers: Record<string, string> = {},
+  ) {
+    super(`${code}: ${detail}`);
+    this.status = STATUS[code];
+  }
+
+  body(): { error: string } {
+    return { error: this.message };
+  }
+}

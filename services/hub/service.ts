@@ -1,0 +1,142 @@
+// Starts the hub: the database (embedded engine under a data directory, or PostgreSQL by URL) with
+// the hub's migrations, the signature verifier (ERC-1271 through an RPC when one is configured),
+// the HTTP app, the admin port (/metrics, /healthz, /readyz), and a periodic sweep of expired nonces.
+import { createPublicClient, http, type PublicClient } from "viem";
+import { startAdminServer, type RunningAdmin } from "../platform/admin.ts";
+import { createLogger, endpointName, type Logger } from "../platform/logger.ts";
+import { createMetrics } from "../platform/metrics.ts";
+import { describeDatabase, openDatabase } from "../platform/storage.ts";
+import { createHubApp, DEFAULT_HUB_BODY_LIMIT } from "./app.ts";
+import { createSignatureVerifier, DEFAULT_HUB_DOMAIN_NAME, DEFAULT_MAX_EXPIRY_SECONDS, HUB_DOMAIN_VERSION, type HubDomain } from "./auth.ts";
+import type { RateLimit } from "./rate-limit.ts";
+import { createHubStore, HUB_MIGRATIONS } from "./store.ts";
+
+/** The EIP-712 chain id when no RPC is configured and none is given (Base). */
+export const DEFAULT_HUB_CHAIN_ID = 8453;
+const SWEEP_INTERVAL_MS = 60_000;
+/** Nonces are kept this long past their expiry, to cover clock skew between replicas. */
+const SWEEP_GRACE_SECONDS = 600;
+
+export interface HubServiceOptions {
+  host?: string;
+  /** Default 4030. */
+  port?: number;
+  /** /metrics, /healthz, /readyz; default 9430, or a free port when `port` is 0. */
+  adminPort?: number;
+  /** postgres://… to use a server; otherwise the embedded engine. */
+  databaseUrl?: string;
+  /** Where the embedded engine keeps its files; omit for an in-memory store. */
+  dataDir?: string;
+  /** A chain RPC: enables ERC-1271 contract-wallet signatures and fixes the domain's chain id. */
+  rpcUrl?: string;
+  /** The EIP-712 domain's chain id (must match the RPC's when both are given). */
+  chainId?: number;
+  /** The EIP-712 domain's name: give each deployment its own so signatures cannot cross between them. */
+  domainName?: string;
+  bodyLimit?: number;
+  maxExpirySeconds?: number;
+  writeRateLimit?: RateLimit;
+  readRateLimit?: RateLimit;
+  logger?: Logger;
+  /** Clock in ms (tests pass their own). */
+  now?: () => number;
+}
+
+export interface RunningHub {
+  /** Base URL; clients call `${url}/api/upload` and so on. */
+  url: string;
+  adminUrl: string;
+  domain: HubDomain;
+  close(): Promise<void>;
+}
+
+async function rpcClient(rpcUrl: string): Promise<{ client: PublicClient; chainId: number }> {
+  const client = createPublicClient({ transport: http(rpcUrl, { timeout: 10_000, retryCount: 1 }) }) as PublicClient;
+  try {
+    return { client, chainId: await client.getChainId() };
+  } catch (e) {
+    throw new Error(`hub: RPC ${endpointName(rpcUrl)} did not answer eth_chainId: ${(e as Error).message.split("\n")[0]}`);
+  }
+}
+
+export async function startHubService(opts: HubServiceOptions = {}): Promise<RunningHub> {
+  const logger = opts.logger ?? createLogger("hub");
+  let publicClient: PublicClient | undefined;
+  let chainId = opts.chainId ?? DEFAULT_HUB_CHAIN_ID;
+  if (opts.rpcUrl) {
+    const rpc = await rpcClient(opts.rpcUrl);
+    if (opts.chainId !== undefined && opts.chainId !== rpc.chainId) {
+      throw new Error(`hub: RPC ${endpointName(opts.rpcUrl)} reports chain id ${rpc.chainId}, but the hub is configured for chain id ${opts.chainId}`);
+    }
+    publicClient = rpc.client;
+    chainId = rpc.chainId;
+  }
+  const domain: HubDomain = { name: opts.domainName ?? DEFAULT_HUB_DOMAIN_NAME, version: HUB_DOMAIN_VERSION, chainId };
+
+  const db = await openDatabase({ url: opts.databaseUrl, dataDir: opts.databaseUrl ? undefined : opts.dataDir, migrations: HUB_MIGRATIONS });
+  const store = createHubStore(db);
+  const now = opts.now ?? Date.now;
+  const metrics = createMetrics("hub");
+  const app = createHubApp({
+    logger,
+    metrics,
+    store,
+    domain,
+    verifier: createSignatureVerifier({ publicClient }),
+    bodyLimit: opts.bodyLimit ?? DEFAULT_HUB_BODY_LIMIT,
+    maxExpirySeconds: opts.maxExpirySeconds ?? DEFAULT_MAX_EXPIRY_SECONDS,
+    writeRateLimit: opts.writeRateLimit,
+    readRateLimit: opts.readRateLimit,
+    contractWallets: Boolean(publicClient),
+    now,
+  });
+
+  const sweep = setInterval(() => {
+    store.sweepNonces(now() / 1000 - SWEEP_GRACE_SECONDS).catch((e: Error) => logger.warn({ err: { message: e.message.split("\n")[0] } }, "hub nonce sweep failed"));
+  }, SWEEP_INTERVAL_MS);
+  sweep.unref();
+
+  const host = opts.host ?? "127.0.0.1";
+  const port = opts.port ?? 4030;
+  let admin: RunningAdmin | undefined;
+  let address: string;
+  try {
+    admin = await startAdminServer({
+      host,
+      port: opts.adminPort ?? (port === 0 ? 0 : 9430), // an ephemeral public port implies an ephemeral admin port
+      registry: metrics.registry,
+      logger,
+      checks: [{ name: "database", check: async () => (await store.ping(), true) }],
+    });
+    address = await app.listen({ host, port });
+  } catch (e) {
+    clearInterval(sweep);
+    await app.close().catch(() => undefined);
+    await admin?.close().catch(() => undefined);
+    await db.close().catch(() => undefined);
+    throw e;
+  }
+  logger.info(
+    {
+      url: address,
+      admin: admin.url,
+      database: describeDatabase(opts.databaseUrl),
+      dataDir: opts.databaseUrl ? undefined : (opts.dataDir ?? "(in memory)"),
+      rpc: opts.rpcUrl ? endpointName(opts.rpcUrl) : undefined,
+      domain,
+    },
+    "hub listening",
+  );
+  const adminServer = admin;
+  return {
+    url: address,
+    adminUrl: adminServer.url,
+    domain,
+    close: async () => {
+      clearInterval(sweep);
+      await app.close();
+      await adminServer.close();
+      await db.close();
+    },
+  };
+}
