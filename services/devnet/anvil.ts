@@ -78,7 +78,7 @@ export async function startAnvil(opts: StartAnvilOptions): Promise<AnvilNode> {
   );
   const rpcUrl = `http://127.0.0.1:${port}`;
   try {
-    await Promise.race([waitForRpc(rpcUrl, child, 15_000), spawnError]);
+    await Promise.race([waitForRpc(rpcUrl, child, 60_000), spawnError]); // generous: CI machines can be loaded
   } catch (e) {
     child.kill("SIGKILL");
     throw new Error(`${(e as Error).message}${stderr ? `: ${stderr.trim()}` : ""}`);

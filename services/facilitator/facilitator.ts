@@ -13,12 +13,15 @@ import { normalizeRequest, pairKey, type Scheme } from "../x402/wire.ts";
 import type { Logger } from "../platform/logger.ts";
 import { reasonLabel, type Metrics } from "../platform/metrics.ts";
 import { withSpan } from "../platform/tracing.ts";
+import type { ChainClient } from "./chain.ts";
+import { createFastExactVerifier } from "./fast-exact.ts";
 import type { SettlementCoordinator } from "./settlement/coordinator.ts";
 import type { OutboxSigner } from "./settlement/outbox-signer.ts";
 
 export interface FacilitatorOptions {
   network: Caip2;
   signer: OutboxSigner;
+  chain: ChainClient;
   coordinator: SettlementCoordinator;
   schemes: Scheme[];
   /** Known assets of this network: their EIP-712 domain fills a missing `extra` (service-shape requests carry none). */
@@ -51,6 +54,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
     }
   }
   const supported = core.getSupported() as SupportedResponse;
+  const fastExact = createFastExactVerifier({ chain: opts.chain, signer: opts.signer });
   const pairs = supported.kinds.map((k) => pairKey(k.scheme, k.network));
   const domainByAsset = new Map(opts.assets.filter((a) => a.eip712).map((a) => [getAddress(a.address), a.eip712!]));
 
@@ -83,7 +87,8 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       const response = await withSpan("facilitator.verify", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: VerifyResponse;
         try {
-          r = scrub(await core.verify(payload, requirements));
+          const fast = requirements.scheme === "exact" ? await fastExact.verify(payload, requirements) : undefined;
+          r = scrub(fast ?? (await core.verify(payload, requirements)));
         } catch (e) {
           opts.logger.warn({ err: errorSummary(e), scheme: requirements.scheme }, "verify failed unexpectedly");
           r = { isValid: false, invalidReason: "unexpected_verify_error", invalidMessage: conciseMessage(e) };

@@ -62,6 +62,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
   const facilitator = createFacilitator({
     network: config.network,
     signer,
+    chain,
     coordinator,
     schemes: config.schemes,
     assets: config.assets,

@@ -65,6 +65,9 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   const accounts = new Map(opts.accounts.map((a) => [a.address.toLowerCase(), a]));
   const busy = new Map<Address, number>(opts.accounts.map((a) => [a.address, 0]));
   const poll = opts.pollIntervalMs ?? 100;
+  // Account classification (code or none) changes rarely: read it once per short window.
+  const codeCache = new Map<string, { code: Hex | undefined; until: number }>();
+  const CODE_TTL_MS = 10_000;
 
   function pick(): PrivateKeyAccount {
     const required = settlementContext.getStore()?.signer;
@@ -198,6 +201,14 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       }
     },
 
-    getCode: (args) => client.getCode(args),
+    async getCode(args) {
+      const key = args.address.toLowerCase();
+      const hit = codeCache.get(key);
+      if (hit && hit.until > Date.now()) return hit.code;
+      const code = await client.getCode(args);
+      if (codeCache.size > 50_000) codeCache.clear();
+      codeCache.set(key, { code, until: Date.now() + CODE_TTL_MS });
+      return code;
+    },
   };
 }

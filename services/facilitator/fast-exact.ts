@@ -1,0 +1,123 @@
+// A fast path for the most common verification: an `exact` EIP-3009 payment signed by a plain
+// account (EOA). Same checks, order and reason codes as the reference mechanism (a differential
+// test compares them), but signature recovery is native and the only RPC round trip in steady
+// state is the transfer simulation: account code is classified once per short window and asset
+// code is cached. Anything else (contract wallets, ERC-6492, Permit2) returns undefined and the
+// reference mechanism decides.
+import { startAssetContractCheck, authorizationTypes, eip3009ABI } from "@x402/evm";
+import type { PaymentPayload, PaymentRequirements, VerifyResponse } from "@x402/core/types";
+import { encodeFunctionData, getAddress, hashTypedData, isAddressEqual, parseSignature, type Address, type Hex } from "viem";
+import { MULTICALL3_ADDRESS, chainIdOf } from "../x402/networks.ts";
+import type { ChainClient } from "./chain.ts";
+import { recoverSigner } from "./crypto/ecrecover.ts";
+import type { OutboxSigner } from "./settlement/outbox-signer.ts";
+
+// Reference reason codes (@x402/evm exact facilitator).
+const R = {
+  scheme: "invalid_exact_evm_scheme",
+  missingDomain: "invalid_exact_evm_missing_eip712_domain",
+  network: "invalid_exact_evm_network_mismatch",
+  signature: "invalid_exact_evm_signature",
+  recipient: "invalid_exact_evm_recipient_mismatch",
+  validBefore: "invalid_exact_evm_payload_authorization_valid_before",
+  validAfter: "invalid_exact_evm_payload_authorization_valid_after",
+  value: "invalid_exact_evm_payload_authorization_value_mismatch",
+  notSupported: "invalid_exact_evm_eip3009_not_supported",
+  nonceUsed: "invalid_exact_evm_nonce_already_used",
+  nameMismatch: "invalid_exact_evm_token_name_mismatch",
+  versionMismatch: "invalid_exact_evm_token_version_mismatch",
+  balance: "invalid_exact_evm_insufficient_balance",
+  simulation: "invalid_exact_evm_transaction_simulation_failed",
+} as const;
+
+interface Eip3009Authorization {
+  from: Address;
+  to: Address;
+  value: string;
+  validAfter: string;
+  validBefore: string;
+  nonce: Hex;
+}
+
+export function createFastExactVerifier(opts: { chain: ChainClient; signer: OutboxSigner }) {
+  const { chain, signer } = opts;
+
+  async function diagnose(asset: Address, auth: Eip3009Authorization, requirements: PaymentRequirements, payer: Address): Promise<VerifyResponse> {
+    try {
+      const [balance, name, version, used] = await chain.client.multicall({
+        multicallAddress: MULTICALL3_ADDRESS,
+        allowFailure: true,
+        contracts: [
+          { address: asset, abi: eip3009ABI, functionName: "balanceOf", args: [auth.from] },
+          { address: asset, abi: eip3009ABI, functionName: "name" },
+          { address: asset, abi: eip3009ABI, functionName: "version" },
+          { address: asset, abi: eip3009ABI, functionName: "authorizationState", args: [auth.from, auth.nonce] },
+        ],
+      });
+      if (used.status === "failure") return { isValid: false, invalidReason: R.notSupported, payer };
+      if (used.result === true) return { isValid: false, invalidReason: R.nonceUsed, payer };
+      if (name.status === "success" && requirements.extra?.name && name.result !== requirements.extra.name) return { isValid: false, invalidReason: R.nameMismatch, payer };
+      if (version.status === "success" && requirements.extra?.version && version.result !== requirements.extra.version) return { isValid: false, invalidReason: R.versionMismatch, payer };
+      if (balance.status === "success" && (balance.result as bigint) < BigInt(requirements.amount)) return { isValid: false, invalidReason: R.balance, payer };
+    } catch {
+      // diagnosis is best effort, as in the reference
+    }
+    return { isValid: false, invalidReason: R.simulation, payer };
+  }
+
+  /** The verdict, or undefined when the reference mechanism must decide. */
+  async function verify(payload: PaymentPayload, requirements: PaymentRequirements): Promise<VerifyResponse | undefined> {
+    const inner = payload.payload as { signature?: Hex; authorization?: Eip3009Authorization };
+    const auth = inner.authorization;
+    const signature = inner.signature;
+    if (!auth || !signature || "permit2Authorization" in payload.payload) return undefined;
+    if (!/^0x[0-9a-fA-F]{130}$/.test(signature)) return undefined; // ERC-1271 / ERC-6492 shapes
+    const payer = auth.from;
+    if (payload.accepted.scheme !== "exact" || requirements.scheme !== "exact") return { isValid: false, invalidReason: R.scheme, payer };
+    const { name, version } = requirements.extra as { name?: string; version?: string };
+    if (!name || !version) return { isValid: false, invalidReason: R.missingDomain, payer };
+    if (payload.accepted.network !== requirements.network) return { isValid: false, invalidReason: R.network, payer };
+    const asset = getAddress(requirements.asset);
+    const assetCheck = startAssetContractCheck(signer, requirements.network, requirements.asset);
+    const code = await signer.getCode({ address: payer }).catch(() => undefined);
+    if (code && code !== "0x") {
+      await assetCheck.await().catch(() => undefined);
+      return undefined; // a contract account: ERC-1271 through the reference
+    }
+    let digest: Hex;
+    try {
+      digest = hashTypedData({
+        domain: { name, version, chainId: chainIdOf(requirements.network), verifyingContract: asset },
+        types: authorizationTypes,
+        primaryType: "TransferWithAuthorization",
+        message: { from: auth.from, to: auth.to, value: BigInt(auth.value), validAfter: BigInt(auth.validAfter), validBefore: BigInt(auth.validBefore), nonce: auth.nonce },
+      });
+    } catch {
+      return { isValid: false, invalidReason: R.signature, payer };
+    }
+    const recovered = await recoverSigner(digest, signature).catch(() => undefined);
+    if (!recovered || !isAddressEqual(recovered, getAddress(payer))) return { isValid: false, invalidReason: R.signature, payer };
+    if (!isAddressEqual(getAddress(auth.to), getAddress(requirements.payTo))) return { isValid: false, invalidReason: R.recipient, payer };
+    const now = BigInt(Math.floor(Date.now() / 1000));
+    if (BigInt(auth.validBefore) < now + 6n) return { isValid: false, invalidReason: R.validBefore, payer };
+    if (BigInt(auth.validAfter) > now) return { isValid: false, invalidReason: R.validAfter, payer };
+    if (BigInt(auth.value) !== BigInt(requirements.amount)) return { isValid: false, invalidReason: R.value, payer };
+    const assetReason = await assetCheck.await();
+    if (assetReason) return { isValid: false, invalidReason: assetReason, payer };
+    try {
+      const sig = parseSignature(signature);
+      const data = encodeFunctionData({
+        abi: eip3009ABI,
+        functionName: "transferWithAuthorization",
+        args: [getAddress(auth.from), getAddress(auth.to), BigInt(auth.value), BigInt(auth.validAfter), BigInt(auth.validBefore), auth.nonce, Number(sig.v ?? BigInt(sig.yParity)), sig.r, sig.s],
+      });
+      await chain.client.call({ to: asset, data });
+    } catch (e) {
+      const diagnosis = await diagnose(asset, auth, requirements, payer);
+      return { ...diagnosis, invalidMessage: (e as Error).message };
+    }
+    return { isValid: true, invalidReason: undefined, payer };
+  }
+
+  return { verify };
+}
