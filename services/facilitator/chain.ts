@@ -43,14 +43,14 @@ function instrumentedFetch(network: string, endpoint: string, metrics?: Metrics)
       let result = "error";
       try {
         const res = await fetch(input, init);
-        if (res.ok) {
-          const json = await res.clone().json().catch(() => undefined);
-          const hasError = Array.isArray(json) ? json.some((j) => j?.error) : Boolean(json?.error);
-          result = hasError ? "rpc_error" : "ok";
-        } else {
+        if (!res.ok) {
           result = `http_${res.status}`;
+          return res;
         }
-        return res;
+        // Read the body once (cheaper than clone()'s stream tee) to tell JSON-RPC errors apart.
+        const text = await res.text();
+        result = text.includes('"error"') ? "rpc_error" : "ok";
+        return new Response(text, { status: res.status, statusText: res.statusText, headers: res.headers });
       } finally {
         end?.();
         metrics?.rpcRequests.inc({ network, endpoint, method, result });

@@ -64,7 +64,11 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   const { client, chain } = opts.chain;
   const accounts = new Map(opts.accounts.map((a) => [a.address.toLowerCase(), a]));
   const busy = new Map<Address, number>(opts.accounts.map((a) => [a.address, 0]));
+  const release = (address: Address) => busy.set(address, Math.max(0, busy.get(address)! - 1));
+  let rotation = -1;
   const poll = opts.pollIntervalMs ?? 100;
+  // Hashes this process sent, so receipt waits need not ask the store on every poll.
+  const sent = new Map<string, Pick<OutboxRow, "id" | "hashes"> & { signer?: Address }>();
   // Account classification (code or none) changes rarely: read it once per short window.
   const codeCache = new Map<string, { code: Hex | undefined; until: number }>();
   const CODE_TTL_MS = 10_000;
@@ -78,11 +82,22 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     }
     const funded = opts.accounts.filter((a) => opts.isFunded(a.address));
     if (funded.length === 0) throw new NoSignerAvailableError("no signer key holds more than the minimum balance; fund the facilitator's keys");
-    return funded.reduce((best, a) => (busy.get(a.address)! < busy.get(best.address)! ? a : best));
+    // Least busy (sending or awaiting a receipt); ties rotate so equal keys share the load.
+    rotation = (rotation + 1) % funded.length;
+    let best = funded[rotation]!;
+    for (const a of funded) if (busy.get(a.address)! < busy.get(best.address)!) best = a;
+    return best;
   }
 
+  // Fee estimates change per block at most: one estimate serves every settlement of the next second.
+  let feeCache: { at: number; value: Promise<{ maxFeePerGas: bigint; maxPriorityFeePerGas: bigint }> } | undefined;
   async function fees(): Promise<{ maxFeePerGas: bigint; maxPriorityFeePerGas: bigint }> {
-    const f = await client.estimateFeesPerGas();
+    if (!feeCache || Date.now() - feeCache.at > 1000) {
+      const value = client.estimateFeesPerGas();
+      feeCache = { at: Date.now(), value };
+      value.catch(() => (feeCache = undefined));
+    }
+    const f = await feeCache.value;
     const cap = opts.maxFeePerGasWei;
     if (cap !== undefined && f.maxFeePerGas > cap) return { maxFeePerGas: cap, maxPriorityFeePerGas: f.maxPriorityFeePerGas > cap ? cap : f.maxPriorityFeePerGas };
     return f;
@@ -111,6 +126,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     const paymentId = ctx?.paymentId ?? `untracked:${Date.now()}:${Math.random()}`;
     const account = pick();
     busy.set(account.address, busy.get(account.address)! + 1);
+    let awaitingReceipt = false;
     try {
       const [gas, fee] = await Promise.all([
         args.gas ?? client.estimateGas({ account: account.address, to: args.to, data: args.data }).then((g) => (g * 12n) / 10n),
@@ -136,9 +152,12 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
         // A node that cannot be reached: the row stays "signed" and the reconciler broadcasts it.
       }
       crash("after_broadcast", opts.crashAt);
+      if (sent.size > 10_000) sent.clear(); // entries are removed by the receipt wait; this bounds the rare leftovers
+      sent.set(row.hash, { id: row.id, hashes: row.hashes, signer: account.address });
+      awaitingReceipt = true; // the key stays busy until its receipt wait ends
       return row.hash;
     } finally {
-      busy.set(account.address, busy.get(account.address)! - 1);
+      if (!awaitingReceipt) release(account.address);
     }
   }
 
@@ -189,15 +208,21 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
 
     async waitForTransactionReceipt(args) {
       const deadline = Date.now() + Math.min(args.timeout ?? opts.receiptTimeoutMs, opts.receiptTimeoutMs);
-      for (;;) {
-        const row = await opts.store.outboxByHash(args.hash);
-        const mined = await findMined(opts.chain, row?.hashes ?? [args.hash], opts.confirmations);
-        if (mined) {
-          if (row) await opts.store.markMined(row.id, mined.hash, mined.receipt.status === "success");
-          return mined.receipt;
+      const row = sent.get(args.hash) ?? (await opts.store.outboxByHash(args.hash));
+      try {
+        for (;;) {
+          const mined = await findMined(opts.chain, row?.hashes ?? [args.hash], opts.confirmations);
+          if (mined) {
+            if (row) await opts.store.markMined(row.id, mined.hash, mined.receipt.status === "success");
+            return mined.receipt;
+          }
+          if (Date.now() >= deadline) throw new Error(`no receipt for ${args.hash} within ${opts.receiptTimeoutMs} ms`);
+          await sleep(poll);
         }
-        if (Date.now() >= deadline) throw new Error(`no receipt for ${args.hash} within ${opts.receiptTimeoutMs} ms`);
-        await sleep(poll);
+      } finally {
+        const mine = sent.get(args.hash);
+        if (mine?.signer) release(mine.signer);
+        sent.delete(args.hash);
       }
     },
 

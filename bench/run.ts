@@ -1,0 +1,211 @@
+// npm run bench: our router + facilitator against the reference facilitator, on the same devnet
+// chain, tokens and pre-signed payloads, in one run. Prints a table and writes
+// bench/results/latest.json and latest.md. Figures are measurements, never test assertions.
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtemp, readFile, rm, writeFile, mkdir } from "node:fs/promises";
+import { cpus, tmpdir } from "node:os";
+import { join } from "node:path";
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
+import { startAnvil, freePort } from "../services/devnet/anvil.ts";
+import { setupDevnetChain } from "../services/devnet/chain-setup.ts";
+import { networkInfo } from "../services/x402/networks.ts";
+import { signEip3009, standardShape, type PaymentSpec } from "../test/helpers/payments.ts";
+import { startCountingProxy } from "./counting-proxy.ts";
+import { runLoad, type LoadResult } from "./load.ts";
+
+const ROOT = new URL("..", import.meta.url).pathname;
+const net = networkInfo("eip155:8453")!;
+const children: ChildProcess[] = [];
+
+/** BENCH_CPU_PROFILE_DIR=dir writes a V8 CPU profile of every service process there (open in Chrome DevTools). */
+const profile = process.env.BENCH_CPU_PROFILE_DIR ? ["--cpu-prof", `--cpu-prof-dir=${process.env.BENCH_CPU_PROFILE_DIR}`] : [];
+
+function start(args: string[], env: Record<string, string>): ChildProcess {
+  const child = spawn(process.execPath, [...profile, ...args], { cwd: ROOT, env: { ...process.env, LOG_LEVEL: "warn", ...env }, stdio: ["ignore", "ignore", "inherit"] });
+  children.push(child);
+  return child;
+}
+
+async function waitUp(url: string): Promise<void> {
+  for (let i = 0; i < 600; i++) {
+    try {
+      if ((await fetch(url)).ok) return;
+    } catch {
+      // not yet
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`${url} did not come up`);
+}
+
+/** CPU seconds (user + system) and resident memory of a process, from /proc. */
+async function procStats(pid: number): Promise<{ cpu: number; rssMb: number }> {
+  const stat = (await readFile(`/proc/${pid}/stat`, "utf8")).split(") ")[1]!.split(" ");
+  const status = await readFile(`/proc/${pid}/status`, "utf8");
+  const rssKb = Number(/VmRSS:\s+(\d+)/.exec(status)?.[1] ?? 0);
+  return { cpu: (Number(stat[11]) + Number(stat[12])) / 100, rssMb: Math.round(rssKb / 1024) };
+}
+
+const round = (n: number, d = 2) => Math.round(n * 10 ** d) / 10 ** d;
+
+async function main() {
+  const dir = await mkdtemp(join(tmpdir(), "x402-bench-"));
+  const anvil = await startAnvil({ chainId: net.chainId });
+  const keys = { ours1: [generatePrivateKey()], ours4: Array.from({ length: 4 }, () => generatePrivateKey()), ref: [generatePrivateKey()] };
+  const payerKey = generatePrivateKey();
+  const receiver = privateKeyToAccount(generatePrivateKey()).address;
+  await setupDevnetChain({
+    rpcUrl: anvil.rpcUrl,
+    chainId: net.chainId,
+    assets: net.assets,
+    gasFunded: [...keys.ours1, ...keys.ours4, ...keys.ref].map((k) => privateKeyToAccount(k).address),
+    payers: [{ privateKey: payerKey, permit2Approved: true }],
+  });
+  const proxyOurs = await startCountingProxy(anvil.rpcUrl);
+  const proxyRef = await startCountingProxy(anvil.rpcUrl);
+
+  const facilitator = async (name: string, signerKeys: string[]) => {
+    const keyFile = join(dir, `${name}.key`);
+    await writeFile(keyFile, signerKeys.join("\n") + "\n");
+    const port = await freePort();
+    const child = start(["bin/x402-fleet.js", "facilitator", "--network", net.network, "--rpc-url", proxyOurs.url, "--signer-key-file", keyFile, "--schemes", "exact", "--port", String(port), "--admin-port", String(await freePort())], {
+      X402_DATA_DIR: join(dir, `${name}-db`),
+      DATABASE_URL: "",
+    });
+    const url = `http://127.0.0.1:${port}/v2`;
+    await waitUp(`${url}/supported`);
+    return { child, url };
+  };
+  const ours1 = await facilitator("ours1", keys.ours1);
+  const ours4 = await facilitator("ours4", keys.ours4);
+  const tablePath = join(dir, "routing.json");
+  await writeFile(tablePath, JSON.stringify({ backends: [{ network: net.network, url: ours1.url, kinds: [{ x402Version: 2, scheme: "exact", network: net.network }] }] }));
+  const routerPort = await freePort();
+  const router = start(["bin/x402-fleet.js", "router", "--routing-table", tablePath, "--port", String(routerPort), "--admin-port", String(await freePort())], {});
+  const routerUrl = `http://127.0.0.1:${routerPort}/v2`;
+  await waitUp(`${routerUrl}/supported`);
+  const refPort = await freePort();
+  const ref = start(["--import", "tsx", "bench/reference-facilitator.ts"], { RPC_URL: proxyRef.url, PRIVATE_KEY: keys.ref[0]!, NETWORK: net.network, PORT: String(refPort) });
+  const refUrl = `http://127.0.0.1:${refPort}`;
+  await waitUp(`${refUrl}/supported`);
+
+  const spec = (): PaymentSpec => ({ network: net.network, chainId: net.chainId, asset: net.assets[0]!, payerKey, payTo: receiver, amount: 1000n });
+  const sign = async (n: number) => Promise.all(Array.from({ length: n }, async () => JSON.stringify(standardShape(spec(), await signEip3009(spec())))));
+  console.error("signing payloads...");
+  const verifyBodies = await sign(256);
+
+  // Warm-up (JIT, caches, connections) for every target.
+  for (const url of [`${ours1.url}/verify`, `${routerUrl}/verify`, `${refUrl}/verify`]) await runLoad(url, verifyBodies, { requests: 300, concurrency: 8 });
+  const check = await runLoad(`${routerUrl}/verify`, verifyBodies.slice(0, 4), { requests: 4, concurrency: 1, keepBodies: true });
+  if (!check.bodies.every((b) => (b as { isValid: boolean }).isValid)) throw new Error(`verify payloads are not valid: ${JSON.stringify(check.bodies[0])}`);
+
+  const verify: Record<string, Record<string, LoadResult>> = { ours: {}, oursViaRouter: {}, reference: {} };
+  const cpu: Record<string, number> = {};
+  for (const concurrency of [1, 16, 64]) {
+    const requests = concurrency === 1 ? 500 : 3000;
+    console.error(`verify at concurrency ${concurrency}...`);
+    const f0 = await procStats(ours1.child.pid!);
+    verify.ours![`c${concurrency}`] = await runLoad(`${ours1.url}/verify`, verifyBodies, { requests, concurrency });
+    const f1 = await procStats(ours1.child.pid!);
+    const r0 = await procStats(router.pid!);
+    const g0 = await procStats(ours1.child.pid!);
+    verify.oursViaRouter![`c${concurrency}`] = await runLoad(`${routerUrl}/verify`, verifyBodies, { requests, concurrency });
+    const r1 = await procStats(router.pid!);
+    const g1 = await procStats(ours1.child.pid!);
+    const x0 = await procStats(ref.pid!);
+    verify.reference![`c${concurrency}`] = await runLoad(`${refUrl}/verify`, verifyBodies, { requests, concurrency });
+    const x1 = await procStats(ref.pid!);
+    if (concurrency === 16) {
+      cpu.oursFacilitatorMs = ((f1.cpu - f0.cpu) / requests) * 1000;
+      cpu.oursFacilitatorViaRouterMs = ((g1.cpu - g0.cpu) / requests) * 1000;
+      cpu.routerMs = ((r1.cpu - r0.cpu) / requests) * 1000;
+      cpu.referenceMs = ((x1.cpu - x0.cpu) / requests) * 1000;
+    }
+  }
+
+  console.error("RPC calls per verify...");
+  proxyOurs.reset();
+  proxyRef.reset();
+  await runLoad(`${ours1.url}/verify`, verifyBodies, { requests: 200, concurrency: 1 });
+  await runLoad(`${refUrl}/verify`, verifyBodies, { requests: 200, concurrency: 1 });
+  const rpc = { ours: proxyOurs.counts(), reference: proxyRef.counts() };
+
+  const settle: Record<string, { successes: number; failures: number; reasons: Record<string, number>; seconds: number; throughput: number }> = {};
+  for (const [name, url] of [["ours1Key", ours1.url], ["ours4Keys", ours4.url], ["reference", refUrl]] as const) {
+    console.error(`settle 200 at once: ${name}...`);
+    const bodies = await sign(200);
+    const r = await runLoad(`${url}/settle`, bodies, { requests: 200, concurrency: 200, keepBodies: true });
+    const reasons: Record<string, number> = {};
+    let successes = 0;
+    for (const b of r.bodies as { success?: boolean; errorReason?: string; error?: string }[]) {
+      if (b.success) successes++;
+      else {
+        const reason = (b.errorReason ?? b.error ?? "unknown").split(":")[0]!.slice(0, 80);
+        reasons[reason] = (reasons[reason] ?? 0) + 1;
+      }
+    }
+    settle[name] = { successes, failures: 200 - successes, reasons, seconds: round(r.seconds), throughput: round(successes / r.seconds, 1) };
+  }
+
+  const memory = { facilitatorRssMb: (await procStats(ours1.child.pid!)).rssMb, routerRssMb: (await procStats(router.pid!)).rssMb, referenceRssMb: (await procStats(ref.pid!)).rssMb };
+
+  const v = (k: string, c: number) => verify[k]![`c${c}`]!;
+  const ratio = (a: number, b: number) => (b === 0 ? null : round(a / b));
+  const results = {
+    when: new Date().toISOString(),
+    machine: { cpus: cpus().length, model: cpus()[0]?.model, node: process.version },
+    workloads: {
+      verify: Object.fromEntries(
+        [1, 16, 64].map((c) => [
+          `concurrency${c}`,
+          {
+            ours: { throughput: round(v("ours", c).throughput, 1), p50ms: round(v("ours", c).p50ms), p99ms: round(v("ours", c).p99ms) },
+            oursViaRouter: { throughput: round(v("oursViaRouter", c).throughput, 1), p50ms: round(v("oursViaRouter", c).p50ms), p99ms: round(v("oursViaRouter", c).p99ms) },
+            reference: { throughput: round(v("reference", c).throughput, 1), p50ms: round(v("reference", c).p50ms), p99ms: round(v("reference", c).p99ms) },
+            throughputRatio: ratio(v("ours", c).throughput, v("reference", c).throughput),
+          },
+        ]),
+      ),
+      rpcPerVerify: { ours: round(rpc.ours.calls / 200), oursRoundTrips: round(rpc.ours.roundTrips / 200), reference: round(rpc.reference.calls / 200), referenceRoundTrips: round(rpc.reference.roundTrips / 200), ratio: ratio(rpc.reference.calls, rpc.ours.calls), oursMethods: rpc.ours.methods, referenceMethods: rpc.reference.methods },
+      routerOverhead: Object.fromEntries([1, 16].map((c) => [`concurrency${c}`, { p50ms: round(v("oursViaRouter", c).p50ms - v("ours", c).p50ms), p99ms: round(v("oursViaRouter", c).p99ms - v("ours", c).p99ms) }])),
+      cpuPerVerifyMs: { ours: round(cpu.oursFacilitatorMs!, 3), router: round(cpu.routerMs!, 3), reference: round(cpu.referenceMs!, 3), ratio: ratio(cpu.referenceMs!, cpu.oursFacilitatorMs!) },
+      settle200: { ...settle, throughputRatio4KeysVsReference: ratio(settle.ours4Keys!.throughput, settle.reference!.throughput), throughputRatio4KeysVs1Key: ratio(settle.ours4Keys!.throughput, settle.ours1Key!.throughput) },
+      memory,
+    },
+  };
+
+  const w = results.workloads;
+  const md = [
+    `| workload | ours | reference | ratio (ours vs reference) |`,
+    `|---|---|---|---|`,
+    ...[1, 16, 64].map((c) => {
+      const r = w.verify[`concurrency${c}`] as { ours: { throughput: number; p50ms: number; p99ms: number }; reference: { throughput: number; p50ms: number; p99ms: number }; throughputRatio: number };
+      return `| verify c=${c}: req/s, p50 / p99 ms | ${r.ours.throughput}, ${r.ours.p50ms} / ${r.ours.p99ms} | ${r.reference.throughput}, ${r.reference.p50ms} / ${r.reference.p99ms} | ${r.throughputRatio}× |`;
+    }),
+    `| RPC calls per verify (round trips) | ${w.rpcPerVerify.ours} (${w.rpcPerVerify.oursRoundTrips}) | ${w.rpcPerVerify.reference} (${w.rpcPerVerify.referenceRoundTrips}) | ${w.rpcPerVerify.ratio}× fewer |`,
+    `| router overhead p50 / p99 ms (c=1) | ${w.routerOverhead.concurrency1!.p50ms} / ${w.routerOverhead.concurrency1!.p99ms} | n/a | |`,
+    `| router overhead p50 / p99 ms (c=16) | ${w.routerOverhead.concurrency16!.p50ms} / ${w.routerOverhead.concurrency16!.p99ms} | n/a | |`,
+    `| CPU per verify, ms (facilitator; router) | ${w.cpuPerVerifyMs.ours}; ${w.cpuPerVerifyMs.router} | ${w.cpuPerVerifyMs.reference} | ${w.cpuPerVerifyMs.ratio}× less |`,
+    `| settle 200 at once, 1 key: ok / failed, s, ok/s | ${settle.ours1Key!.successes} / ${settle.ours1Key!.failures}, ${settle.ours1Key!.seconds}, ${settle.ours1Key!.throughput} | ${settle.reference!.successes} / ${settle.reference!.failures}, ${settle.reference!.seconds}, ${settle.reference!.throughput} | |`,
+    `| settle 200 at once, 4 keys: ok / failed, s, ok/s | ${settle.ours4Keys!.successes} / ${settle.ours4Keys!.failures}, ${settle.ours4Keys!.seconds}, ${settle.ours4Keys!.throughput} | (1 key) | ${w.settle200.throughputRatio4KeysVsReference}× |`,
+    `| reference settle failure reasons | | ${JSON.stringify(settle.reference!.reasons)} | |`,
+    `| steady-state RSS MB (facilitator; router) | ${memory.facilitatorRssMb}; ${memory.routerRssMb} | ${memory.referenceRssMb} | |`,
+  ].join("\n");
+  const header = `Measured ${results.when} on ${results.machine.cpus} × ${results.machine.model}, Node ${results.machine.node}; anvil, router, facilitators, reference and load generator on the same machine.`;
+  await mkdir(join(ROOT, "bench/results"), { recursive: true });
+  await writeFile(join(ROOT, "bench/results/latest.json"), JSON.stringify(results, null, 2) + "\n");
+  await writeFile(join(ROOT, "bench/results/latest.md"), `${header}\n\n${md}\n`);
+  console.log(`\n${header}\n\n${md}\n`);
+
+  for (const c of children) c.kill("SIGTERM");
+  await proxyOurs.close();
+  await proxyRef.close();
+  await anvil.stop();
+  await rm(dir, { recursive: true, force: true });
+}
+
+main().catch((e) => {
+  for (const c of children) c.kill("SIGKILL");
+  console.error(e);
+  process.exit(1);
+});
