@@ -22,6 +22,11 @@ commands:
                 --port 4030 --admin-port 9430 --host 127.0.0.1 --data-dir .data/hub [--rpc-url URL] [--chain-id 8453]
                 (env: DATABASE_URL (PostgreSQL instead of the embedded engine), HUB_DATA_DIR, HUB_RPC_URL,
                  HUB_CHAIN_ID, HUB_DOMAIN_NAME, HUB_MAX_EXPIRY_SECONDS, HUB_BODY_LIMIT, PORT, ADMIN_PORT, HOST)
+  operator      reconcile FacilitatorNetwork resources into facilitator pod sets and the routing table
+                --facilitator-image IMAGE [--namespace x402-system] [--watch-namespace NS] --admin-port 9422
+                (env: X402_FACILITATOR_IMAGE, POD_NAMESPACE, X402_WATCH_NAMESPACE, X402_ROUTING_CONFIGMAP,
+                 X402_CLUSTER_DOMAIN, X402_LEADER_ELECTION=false, X402_LEASE_NAME, POD_NAME, KUBECONFIG;
+                 docs/operator.md)
   pay           sign, verify and settle an example payment on a running devnet
                 --network eip155:8453 --amount 10000 [--method eip3009|permit2] [--state-dir .devnet]
                 [--body-only: print the signed request body for curl instead of sending it]
@@ -60,6 +65,9 @@ export async function main(argv: string[]): Promise<void> {
       "body-only": { type: "boolean" },
       "data-dir": { type: "string" },
       "chain-id": { type: "string" },
+      namespace: { type: "string" },
+      "watch-namespace": { type: "string" },
+      "facilitator-image": { type: "string" },
     },
   });
   const port = values.port ?? process.env.PORT;
@@ -133,6 +141,18 @@ export async function main(argv: string[]): Promise<void> {
         maxExpirySeconds: num("HUB_MAX_EXPIRY_SECONDS", env.HUB_MAX_EXPIRY_SECONDS),
         bodyLimit: num("HUB_BODY_LIMIT", env.HUB_BODY_LIMIT),
         logger: createLogger("hub"),
+      });
+      onShutdown(running.close);
+      return;
+    }
+    case "operator": {
+      const { runOperatorCommand } = await import("../operator/main.ts");
+      const running = await runOperatorCommand({
+        namespace: values.namespace,
+        watchNamespace: values["watch-namespace"],
+        facilitatorImage: values["facilitator-image"],
+        host: values.host,
+        adminPort: values["admin-port"],
       });
       onShutdown(running.close);
       return;

@@ -1,0 +1,512 @@
+// The real operator (client-node informers, watches, server-side apply, Lease election) against
+// the in-process API EMULATION (test/k8s-emulator: not a kube-apiserver), with real anvil
+// nodes answering the RPC chain-id check. The Deployment controller is played by a stand-in
+// that reports pods available (or not, or not yet) in the Deployment's status.
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { spawn } from "node:child_process";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { pino } from "pino";
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
+import { startAnvil, stopChild, type AnvilNode } from "../services/devnet/anvil.ts";
+import { parseRoutingTable, type RoutingTable } from "../services/router/routing-table.ts";
+import { ANNOTATION_SECRETS_HASH, FIELD_MANAGER, FINALIZER, ROUTING_TABLE_KEY, type FacilitatorNetwork, type FacilitatorNetworkSpec } from "../operator/api.ts";
+import { startOperator, type RunningOperator } from "../operator/operator.ts";
+import { createReconciler } from "../operator/reconcile.ts";
+import { connect } from "../operator/kube.ts";
+import { fetchChainId } from "../operator/checks.ts";
+import { condition, startEmulatedCluster, until, type EmulatedCluster } from "./k8s-emulator/harness.ts";
+
+const OPERATOR_NS = "x402-system";
+const NS = "payments";
+const RPC_KEY = "SECRET-RPC-API-KEY-7f3a";
+
+let base: AnvilNode; // eip155:8453
+let polygon: AnvilNode; // eip155:137
+beforeAll(async () => {
+  [base, polygon] = await Promise.all([startAnvil({ chainId: 8453 }), startAnvil({ chainId: 137 })]);
+});
+afterAll(async () => {
+  await Promise.all([base?.stop(), polygon?.stop()]);
+});
+
+interface World {
+  c: EmulatedCluster;
+  logs: string[];
+  operators: RunningOperator[];
+  start(identity?: string): Promise<RunningOperator>;
+  stop(): Promise<void>;
+}
+
+async function world(): Promise<World> {
+  const c = await startEmulatedCluster();
+  const logs: string[] = [];
+  const logger = pino({ level: "debug" }, { write: (line: string) => void logs.push(line) });
+  const operators: RunningOperator[] = [];
+  return {
+    c,
+    logs,
+    operators,
+    async start(identity = "op-0") {
+      const op = await startOperator({
+        kubeConfig: c.kc,
+        namespace: OPERATOR_NS,
+        facilitatorImage: "x402-fleet:test",
+        identity,
+        leaderElection: { leaseDurationMs: 1000, renewDeadlineMs: 600, retryPeriodMs: 100 },
+        rateLimits: { baseDelayMs: 20, maxDelayMs: 400, qps: 100, burst: 100 },
+        rpcTimeoutMs: 2000,
+        logger,
+      });
+      operators.push(op);
+      return op;
+    },
+    async stop() {
+      await Promise.all(operators.map((o) => o.stop()));
+      await c.stop();
+    },
+  };
+}
+
+/** With the shared database every multi-replica network needs (its Secret: putDatabaseSecret). */
+function baseSpec(extra: Partial<FacilitatorNetworkSpec> = {}): FacilitatorNetworkSpec {
+  return { network: "eip155:8453", rpc: [{ url: base.rpcUrl }], signerSecretRef: { name: "base-signer" }, database: { urlSecretRef: { name: "fleet-db", key: "url" } }, ...extra };
+}
+const DB_PASSWORD = "db-password-5be1";
+const putDatabaseSecret = (c: EmulatedCluster, ns = NS) => c.putSecret(ns, "fleet-db", { url: `postgres://x402:${DB_PASSWORD}@postgres.${ns}.svc:5432/x402` });
+
+async function waitFor(c: EmulatedCluster, ns: string, name: string, test: (fn: FacilitatorNetwork) => boolean, what: string): Promise<FacilitatorNetwork> {
+  return until(async () => {
+    const fn = await c.getNetwork(ns, name);
+    return fn && test(fn) ? fn : undefined;
+  }, what);
+}
+const ready = (fn: FacilitatorNetwork) => condition(fn, "Ready")?.status === "True" && fn.status?.observedGeneration === fn.metadata.generation;
+
+async function routingTable(c: EmulatedCluster): Promise<RoutingTable> {
+  const cm = await c.core.readNamespacedConfigMap({ namespace: OPERATOR_NS, name: "x402-fleet-routing" });
+  return parseRoutingTable(cm.data![ROUTING_TABLE_KEY]!);
+}
+
+async function exists(read: () => Promise<unknown>): Promise<boolean> {
+  try {
+    await read();
+    return true;
+  } catch (e) {
+    if ((e as { code?: number }).code === 404) return false;
+    throw e;
+  }
+}
+
+describe("the operator against the API emulation", () => {
+  it("create → a Deployment and a Service, Ready once a pod serves, and the network in the routing table; no secret anywhere", async () => {
+    const w = await world();
+    try {
+      const { c } = w;
+      const signerKey = generatePrivateKey();
+      await c.putSecret(NS, "base-signer", { "signer-keys": `${signerKey}\n` });
+      await c.putSecret(NS, "base-rpc", { url: `${base.rpcUrl}/?apikey=${RPC_KEY}` });
+      await putDatabaseSecret(c);
+      c.deployments.setUnavailable(NS, "base-facilitator", true);
+      await w.start();
+      await c.createNetwork(NS, "base", baseSpec({ rpc: [{ secretKeyRef: { name: "base-rpc", key: "url" } }] }));
+
+      // the pods are not available yet: not Ready, not routed
+      const waiting = await waitFor(c, NS, "base", (fn) => condition(fn, "Ready")?.reason === "DeploymentUnavailable", "Ready=False DeploymentUnavailable");
+      expect(condition(waiting, "Progressing")).toMatchObject({ status: "True", reason: "RollingOut" });
+      expect((await routingTable(c)).backends).toEqual([]);
+
+      c.deployments.setUnavailable(NS, "base-facilitator", false);
+      const fn = await waitFor(c, NS, "base", ready, "Ready");
+      expect(fn.metadata.finalizers).toEqual([FINALIZER]);
+      expect(fn.status).toMatchObject({
+        observedGeneration: 1,
+        chainId: 8453,
+        signers: [privateKeyToAccount(signerKey).address],
+        kinds: [{ x402Version: 2, scheme: "exact", network: "eip155:8453" }],
+        url: "http://base-facilitator.payments.svc.cluster.local:4021/v2",
+        readyReplicas: 1,
+      });
+      expect(condition(fn, "Progressing")).toMatchObject({ status: "False", reason: "RolloutComplete" });
+      expect(condition(fn, "Degraded")).toMatchObject({ status: "False", reason: "AsExpected" });
+
+      const d = await c.apps.readNamespacedDeployment({ namespace: NS, name: "base-facilitator" });
+      expect(d.metadata!.ownerReferences).toEqual([expect.objectContaining({ kind: "FacilitatorNetwork", name: "base", uid: fn.metadata.uid, controller: true, blockOwnerDeletion: true })]);
+      expect(d.metadata!.managedFields!.map((m) => `${m.manager}/${m.operation}`)).toContain(`${FIELD_MANAGER}/Apply`);
+      const container = d.spec!.template.spec!.containers[0]!;
+      expect(container.env).toContainEqual({ name: "X402_RPC_URL_0", valueFrom: { secretKeyRef: { name: "base-rpc", key: "url" } } });
+      expect(d.spec!.template.spec!.volumes![0]!.secret!.secretName).toBe("base-signer");
+      const svc = await c.core.readNamespacedService({ namespace: NS, name: "base-facilitator" });
+      expect(svc.spec!.ports![0]!.port).toBe(4021);
+      expect(svc.metadata!.ownerReferences![0]!.uid).toBe(fn.metadata.uid);
+      expect(await exists(() => c.policy.readNamespacedPodDisruptionBudget({ namespace: NS, name: "base-facilitator" }))).toBe(false);
+      const statusOwner = (await c.custom.getNamespacedCustomObject({ group: "x402fleet.io", version: "v1alpha1", plural: "facilitatornetworks", namespace: NS, name: "base" })) as {
+        metadata: { managedFields: { manager: string; subresource?: string }[] };
+      };
+      expect(statusOwner.metadata.managedFields).toContainEqual(expect.objectContaining({ manager: FIELD_MANAGER, subresource: "status" }));
+
+      const table = await routingTable(c);
+      expect(table.backends).toEqual([{ network: "eip155:8453", url: fn.status!.url, kinds: fn.status!.kinds, signers: fn.status!.signers }]);
+      const events = await c.eventsFor(NS, "base");
+      expect(events).toContainEqual(expect.objectContaining({ type: "Normal", reason: "Ready", reportingInstance: "op-0" }));
+
+      // the routing ConfigMap is level-triggered too: deleted by hand, it comes back
+      await c.core.deleteNamespacedConfigMap({ namespace: OPERATOR_NS, name: "x402-fleet-routing" });
+      await until(async () => (await routingTable(c).catch(() => undefined))?.backends.length === 1, "the routing ConfigMap to be restored");
+
+      // secrets: the RPC key and the signer key appear in no log line, event, status, child or table
+      const everything = JSON.stringify({ logs: w.logs, events, status: fn.status, d, svc, table });
+      expect(w.logs.length).toBeGreaterThan(0);
+      expect(everything).not.toContain(RPC_KEY);
+      expect(everything).not.toContain(DB_PASSWORD);
+      expect(everything).not.toContain(signerKey.slice(2));
+    } finally {
+      await w.stop();
+    }
+  });
+
+  it("a missing signer Secret → Degraded with a Warning event, healed when the Secret appears", async () => {
+    const w = await world();
+    try {
+      const { c } = w;
+      await putDatabaseSecret(c);
+      await w.start();
+      await c.createNetwork(NS, "base", baseSpec());
+      const degraded = await waitFor(c, NS, "base", (fn) => condition(fn, "Degraded")?.status === "True", "Degraded");
+      expect(condition(degraded, "Degraded")).toMatchObject({ reason: "SignerSecretNotFound", message: 'signer Secret "base-signer" not found in namespace payments' });
+      expect(condition(degraded, "Ready")).toMatchObject({ status: "False", reason: "SignerSecretNotFound" });
+      expect(condition(degraded, "Progressing")).toMatchObject({ status: "False", reason: "Blocked" });
+      await until(async () => (await c.eventsFor(NS, "base")).find((e) => e.type === "Warning" && e.reason === "SignerSecretNotFound"), "the Warning event");
+      expect(await exists(() => c.apps.readNamespacedDeployment({ namespace: NS, name: "base-facilitator" }))).toBe(false);
+      expect((await routingTable(c)).backends).toEqual([]);
+
+      await c.putSecret(NS, "base-signer", { "signer-keys": generatePrivateKey() });
+      const healed = await waitFor(c, NS, "base", ready, "Ready after the Secret appeared");
+      expect(condition(healed, "Degraded")).toMatchObject({ status: "False", reason: "AsExpected" });
+      expect(await c.apps.readNamespacedDeployment({ namespace: NS, name: "base-facilitator" })).toBeDefined();
+      await until(async () => (await c.eventsFor(NS, "base")).find((e) => e.reason === "Recovered"), "the Recovered event");
+      expect((await routingTable(c)).backends.map((b) => b.network)).toEqual(["eip155:8453"]);
+      // one Warning for the one state change, not one per retry
+      expect((await c.eventsFor(NS, "base")).filter((e) => e.reason === "SignerSecretNotFound")).toHaveLength(1);
+    } finally {
+      await w.stop();
+    }
+  });
+
+  it("an RPC on another chain → ChainIdMismatch (asked of the real RPC); fixed by pointing it at the right chain", async () => {
+    const w = await world();
+    try {
+      const { c } = w;
+      await c.putSecret(NS, "base-signer", { "signer-keys": generatePrivateKey() });
+      await putDatabaseSecret(c);
+      await w.start();
+      await c.createNetwork(NS, "base", baseSpec({ rpc: [{ url: polygon.rpcUrl }] }));
+      const wrong = await waitFor(c, NS, "base", (fn) => condition(fn, "Degraded")?.reason === "ChainIdMismatch", "ChainIdMismatch");
+      expect(wrong.status!.chainId).toBe(137);
+      expect(condition(wrong, "Degraded")!.message).toBe(`RPC 127.0.0.1:${polygon.port} reports chain id 137, but eip155:8453 needs 8453`);
+      expect(condition(wrong, "Ready")).toMatchObject({ status: "False", reason: "ChainIdMismatch" });
+      await until(async () => (await c.eventsFor(NS, "base")).find((e) => e.type === "Warning" && e.reason === "ChainIdMismatch"), "the Warning event");
+      expect(await exists(() => c.apps.readNamespacedDeployment({ namespace: NS, name: "base-facilitator" }))).toBe(false);
+
+      await c.patchNetwork(NS, "base", { spec: { rpc: [{ url: base.rpcUrl }] } });
+      const fixed = await waitFor(c, NS, "base", ready, "Ready with the right RPC");
+      expect(fixed.status!.chainId).toBe(8453);
+      expect(fixed.status!.observedGeneration).toBe(2);
+    } finally {
+      await w.stop();
+    }
+  });
+
+  it("an RPC outage → Degraded (RpcUnreachable) while the network stays Ready and routed; recovered by the retries", async () => {
+    const w = await world();
+    const own = await startAnvil({ chainId: 8453 });
+    try {
+      const { c } = w;
+      await c.putSecret(NS, "base-signer", { "signer-keys": generatePrivateKey() });
+      await putDatabaseSecret(c);
+      await w.start();
+      await c.createNetwork(NS, "base", baseSpec({ rpc: [{ url: own.rpcUrl }] }));
+      await waitFor(c, NS, "base", ready, "Ready");
+      await own.stop();
+      await c.patchNetwork(NS, "base", { metadata: { labels: { touched: "yes" } } }); // any event triggers a pass
+      const outage = await waitFor(c, NS, "base", (fn) => condition(fn, "Degraded")?.reason === "RpcUnreachable", "RpcUnreachable");
+      expect(condition(outage, "Ready")!.status).toBe("True");
+      expect((await routingTable(c)).backends.map((b) => b.network)).toEqual(["eip155:8453"]);
+      const restarted = await startAnvil({ chainId: 8453, port: own.port });
+      try {
+        await waitFor(c, NS, "base", (fn) => condition(fn, "Degraded")?.status === "False", "recovery without any event");
+      } finally {
+        await restarted.stop();
+      }
+    } finally {
+      await own.stop();
+      await w.stop();
+    }
+  });
+
+  it("a spec change → a rollout and the new observedGeneration; a Secret change rolls the pods; a PodDisruptionBudget while replicas > 1", async () => {
+    const w = await world();
+    try {
+      const { c } = w;
+      const key1 = generatePrivateKey();
+      await c.putSecret(NS, "base-signer", { "signer-keys": key1 });
+      await putDatabaseSecret(c);
+      await w.start();
+      await c.createNetwork(NS, "base", baseSpec());
+      await waitFor(c, NS, "base", ready, "Ready");
+      const before = await c.apps.readNamespacedDeployment({ namespace: NS, name: "base-facilitator" });
+
+      c.deployments.pause(); // the new pods do not come up yet
+      await c.patchNetwork(NS, "base", { spec: { replicas: 2, settlement: { receiptTimeoutSeconds: 12 } } });
+      const rolling = await waitFor(c, NS, "base", (fn) => fn.status?.observedGeneration === 2 && condition(fn, "Progressing")?.status === "True", "rollout in progress");
+      expect(condition(rolling, "Ready")!.status).toBe("True"); // the old pods still serve
+      expect(condition(rolling, "Progressing")!.reason).toBe("RollingOut");
+      const d = await c.apps.readNamespacedDeployment({ namespace: NS, name: "base-facilitator" });
+      expect(d.metadata!.generation).toBe(before.metadata!.generation! + 1);
+      expect(d.spec!.replicas).toBe(2);
+      expect(d.spec!.template.spec!.containers[0]!.env).toContainEqual({ name: "X402_RECEIPT_TIMEOUT_MS", value: "12000" });
+      expect(await exists(() => c.policy.readNamespacedPodDisruptionBudget({ namespace: NS, name: "base-facilitator" }))).toBe(true);
+      await until(async () => (await c.eventsFor(NS, "base")).filter((e) => e.reason === "RollingOut").length >= 2, "a RollingOut event for the change");
+
+      c.deployments.resume();
+      const rolled = await waitFor(c, NS, "base", (fn) => condition(fn, "Progressing")?.reason === "RolloutComplete" && fn.status?.readyReplicas === 2, "rollout complete");
+      expect(rolled.status!.observedGeneration).toBe(2);
+
+      // rotating the signer key rolls the pods (pod template annotation) and updates the signers
+      const key2 = generatePrivateKey();
+      await c.putSecret(NS, "base-signer", { "signer-keys": key2 });
+      const rotated = await until(async () => {
+        const dep = await c.apps.readNamespacedDeployment({ namespace: NS, name: "base-facilitator" });
+        return dep.spec!.template.metadata!.annotations![ANNOTATION_SECRETS_HASH] !== d.spec!.template.metadata!.annotations![ANNOTATION_SECRETS_HASH] && dep;
+      }, "the pod template to change with the Secret");
+      expect(rotated.metadata!.generation).toBe(d.metadata!.generation! + 1);
+      await waitFor(c, NS, "base", (fn) => fn.status?.signers?.[0] === privateKeyToAccount(key2).address, "the new signer in status");
+      await until(async () => (await routingTable(c)).backends[0]?.signers[0] === privateKeyToAccount(key2).address, "the new signer in the routing table");
+
+      // so does a new database password (the database Secret is watched too); with the Deployment
+      // settled and its controller paused, only the Secret's event can trigger this pass
+      await waitFor(c, NS, "base", (fn) => condition(fn, "Progressing")?.reason === "RolloutComplete" && fn.status?.signers?.[0] === privateKeyToAccount(key2).address, "the rotation rolled out");
+      c.deployments.pause();
+      await c.putSecret(NS, "fleet-db", { url: "postgres://x402:rotated-password@postgres.payments.svc:5432/x402" });
+      await until(async () => {
+        const dep = await c.apps.readNamespacedDeployment({ namespace: NS, name: "base-facilitator" });
+        return dep.spec!.template.metadata!.annotations![ANNOTATION_SECRETS_HASH] !== rotated.spec!.template.metadata!.annotations![ANNOTATION_SECRETS_HASH];
+      }, "the pod template to change with the database Secret");
+      c.deployments.resume();
+
+      await c.patchNetwork(NS, "base", { spec: { replicas: 1 } });
+      await until(async () => !(await exists(() => c.policy.readNamespacedPodDisruptionBudget({ namespace: NS, name: "base-facilitator" }))), "the PodDisruptionBudget to go");
+    } finally {
+      await w.stop();
+    }
+  });
+
+  it("delete → the finalizer removes the routing entry first, then the resource goes and its children are collected", async () => {
+    const w = await world();
+    try {
+      const { c, api } = { c: w.c, api: w.c.api };
+      await c.putSecret(NS, "base-signer", { "signer-keys": generatePrivateKey() });
+      await c.putSecret(NS, "polygon-signer", { "signer-keys": generatePrivateKey() });
+      await putDatabaseSecret(c);
+      await w.start();
+      await c.createNetwork(NS, "base", baseSpec({ replicas: 2 }));
+      await c.createNetwork(NS, "polygon", { network: "eip155:137", rpc: [{ url: polygon.rpcUrl }], signerSecretRef: { name: "polygon-signer" } });
+      await waitFor(c, NS, "base", ready, "base Ready");
+      await waitFor(c, NS, "polygon", ready, "polygon Ready");
+      await until(async () => (await routingTable(c)).backends.length === 2, "both networks routed");
+      expect(await exists(() => c.policy.readNamespacedPodDisruptionBudget({ namespace: NS, name: "base-facilitator" }))).toBe(true);
+
+      await c.deleteNetwork(NS, "base");
+      await until(async () => (await c.getNetwork(NS, "base")) === undefined, "the resource to go");
+      expect((await routingTable(c)).backends.map((b) => b.network)).toEqual(["eip155:137"]);
+      // ordering: the last routing table written before the resource disappeared had no entry for it
+      const history = api.history();
+      const gone = history.find((e) => e.kind === "FacilitatorNetwork" && e.name === "base" && e.type === "DELETED")!;
+      const lastTable = history.filter((e) => e.kind === "ConfigMap" && e.name === "x402-fleet-routing" && e.rv < gone.rv).pop()!;
+      expect(JSON.parse((lastTable.object.data as Record<string, string>)[ROUTING_TABLE_KEY]!).backends.map((b: { network: string }) => b.network)).toEqual(["eip155:137"]);
+      await until(
+        async () =>
+          !(await exists(() => c.apps.readNamespacedDeployment({ namespace: NS, name: "base-facilitator" }))) &&
+          !(await exists(() => c.core.readNamespacedService({ namespace: NS, name: "base-facilitator" }))) &&
+          !(await exists(() => c.policy.readNamespacedPodDisruptionBudget({ namespace: NS, name: "base-facilitator" }))),
+        "garbage collection of the Deployment, Service and PodDisruptionBudget",
+      );
+      expect(api.stats().garbageCollected).toBeGreaterThanOrEqual(3);
+      expect(await c.apps.readNamespacedDeployment({ namespace: NS, name: "polygon-facilitator" })).toBeDefined();
+    } finally {
+      await w.stop();
+    }
+  });
+
+  it("the finalizer releases a resource only after its routing entry is written away, even when the cache still lists it as Ready", async () => {
+    const w = await world();
+    try {
+      const { c } = w;
+      await c.putSecret(NS, "base-signer", { "signer-keys": generatePrivateKey() });
+      await putDatabaseSecret(c);
+      const op = await w.start();
+      await c.createNetwork(NS, "base", baseSpec());
+      const readyFn = await waitFor(c, NS, "base", ready, "Ready");
+      await until(async () => (await routingTable(c)).backends.length === 1, "the entry");
+      await op.stop(); // from here on, one reconcile pass driven by hand, with a stale cache
+      const reconciler = createReconciler({
+        kube: connect(c.kc),
+        cachedNetworks: () => [readyFn], // stale: Ready, not deleting
+        cachedDeployment: () => undefined,
+        chainIdOf: (url) => fetchChainId(url),
+        config: { image: "x402-fleet:test", clusterDomain: "cluster.local", routingConfigMap: { name: "x402-fleet-routing", namespace: OPERATOR_NS }, identity: "by-hand" },
+        logger: pino({ level: "silent" }),
+      });
+      await c.deleteNetwork(NS, "base");
+      expect((await c.getNetwork(NS, "base"))!.metadata.deletionTimestamp).toBeDefined(); // held by the finalizer
+      expect((await routingTable(c)).backends).toHaveLength(1);
+      expect(await reconciler.reconcileNetwork(`${NS}/base`)).toEqual({ action: "done" });
+      expect(await c.getNetwork(NS, "base")).toBeUndefined();
+      const history = c.api.history();
+      const gone = history.find((e) => e.kind === "FacilitatorNetwork" && e.type === "DELETED")!;
+      const tables = history.filter((e) => e.kind === "ConfigMap" && e.name === "x402-fleet-routing");
+      const before = tables.filter((e) => e.rv < gone.rv).pop()!;
+      expect(JSON.parse((before.object.data as Record<string, string>)[ROUTING_TABLE_KEY]!).backends).toEqual([]);
+      await reconciler.syncRoutingTable(); // a later sync from the same stale cache does not bring it back
+      expect((await routingTable(c)).backends).toEqual([]);
+    } finally {
+      await w.stop();
+    }
+  });
+
+  it("two operator replicas → one leader; it crashes → the other takes over the Lease and reconciles", async () => {
+    const w = await world();
+    try {
+      const { c } = w;
+      await c.putSecret(NS, "base-signer", { "signer-keys": generatePrivateKey() });
+      await putDatabaseSecret(c);
+      const a = await w.start("op-a");
+      const b = await w.start("op-b");
+      const leader = await until(() => (a.isLeader() ? a : b.isLeader() ? b : undefined), "a leader");
+      const follower = leader === a ? b : a;
+      expect(follower.isLeader()).toBe(false);
+      const lease = await c.coordination.readNamespacedLease({ namespace: OPERATOR_NS, name: "x402-fleet-operator" });
+      expect(lease.spec!.holderIdentity).toBe(leader.identity);
+
+      await c.createNetwork(NS, "base", baseSpec());
+      await waitFor(c, NS, "base", ready, "Ready");
+      expect(Object.values(follower.stats().reconciles).reduce((x, y) => x + y, 0)).toBe(0);
+      expect(new Set((await c.eventsFor(NS, "base")).map((e) => e.reportingInstance))).toEqual(new Set([leader.identity]));
+
+      await leader.halt(); // a crash: the Lease is not released, the follower waits for it to expire
+      await until(() => follower.isLeader(), "the follower to take over", 10_000);
+      const taken = await c.coordination.readNamespacedLease({ namespace: OPERATOR_NS, name: "x402-fleet-operator" });
+      expect(taken.spec!.holderIdentity).toBe(follower.identity);
+      expect(taken.spec!.leaseTransitions).toBe(1);
+
+      await c.patchNetwork(NS, "base", { spec: { replicas: 2 } });
+      await waitFor(c, NS, "base", (fn) => ready(fn) && fn.status?.readyReplicas === 2, "the new leader to roll out generation 2");
+      expect(follower.stats().reconciles.done).toBeGreaterThan(0);
+
+      await follower.stop(); // graceful: releases the Lease at once
+      const released = await c.coordination.readNamespacedLease({ namespace: OPERATOR_NS, name: "x402-fleet-operator" });
+      expect(released.spec!.holderIdentity).toBe("");
+      expect(await follower.ended).toBe("stopped");
+    } finally {
+      await w.stop();
+    }
+  });
+
+  it("a dropped watch with the history compacted meanwhile → 410 Gone, the informers relist and converge", async () => {
+    const w = await world();
+    try {
+      const { c } = w;
+      const { api } = c;
+      await c.putSecret(NS, "base-signer", { "signer-keys": generatePrivateKey() });
+      await putDatabaseSecret(c);
+      const op = await w.start();
+      await c.createNetwork(NS, "base", baseSpec());
+      await waitFor(c, NS, "base", ready, "Ready");
+
+      api.holdWatches();
+      expect(api.disconnectWatches()).toBeGreaterThanOrEqual(4); // networks, deployments, secrets, routing ConfigMap
+      // changes the operator cannot see while its watches are down
+      await c.putSecret(NS, "polygon-signer", { "signer-keys": generatePrivateKey() });
+      await c.createNetwork(NS, "polygon", { network: "eip155:137", rpc: [{ url: polygon.rpcUrl }], signerSecretRef: { name: "polygon-signer" } });
+      await c.patchNetwork(NS, "base", { spec: { replicas: 2 } });
+      api.compact();
+      const before = api.stats();
+      const informersBefore = op.stats().informers.networks!.connects;
+      api.releaseWatches();
+
+      await waitFor(c, NS, "polygon", ready, "polygon Ready after the relist");
+      await waitFor(c, NS, "base", (fn) => ready(fn) && fn.status?.observedGeneration === 2, "base at generation 2");
+      await until(async () => (await routingTable(c)).backends.length === 2, "both networks routed");
+      const after = api.stats();
+      expect(after.gone).toBeGreaterThanOrEqual(4); // every informer's watch was answered 410
+      expect(after.lists).toBeGreaterThanOrEqual(before.lists + 4); // and every informer listed again
+      expect(op.stats().informers.networks!.connects).toBeGreaterThan(informersBefore);
+    } finally {
+      await w.stop();
+    }
+  });
+
+  it("two resources for one network → the younger is Degraded (NetworkConflict) until the older goes", async () => {
+    const w = await world();
+    try {
+      const { c } = w;
+      await c.putSecret(NS, "base-signer", { "signer-keys": generatePrivateKey() });
+      await c.putSecret("other", "base-signer", { "signer-keys": generatePrivateKey() });
+      await putDatabaseSecret(c);
+      await putDatabaseSecret(c, "other");
+      await w.start();
+      await c.createNetwork(NS, "base", baseSpec());
+      await waitFor(c, NS, "base", ready, "the first Ready");
+      await c.createNetwork("other", "base-too", baseSpec());
+      const second = await waitFor(c, "other", "base-too", (fn) => condition(fn, "Degraded")?.reason === "NetworkConflict", "NetworkConflict");
+      expect(condition(second, "Degraded")!.message).toBe("eip155:8453 is already served by FacilitatorNetwork payments/base");
+      expect((await routingTable(c)).backends.map((b) => b.url)).toEqual(["http://base-facilitator.payments.svc.cluster.local:4021/v2"]);
+
+      await c.deleteNetwork(NS, "base");
+      await waitFor(c, "other", "base-too", ready, "the second Ready once the first is gone");
+      await until(async () => (await routingTable(c)).backends[0]?.url === "http://base-too-facilitator.other.svc.cluster.local:4021/v2", "the table to follow");
+    } finally {
+      await w.stop();
+    }
+  });
+});
+
+
+describe("the `x402-fleet operator` command", () => {
+  it("runs from a kubeconfig, serves /readyz and /metrics on its admin port, and on SIGTERM releases the Lease and exits 0", async () => {
+    const c = await startEmulatedCluster();
+    const dir = await mkdtemp(join(tmpdir(), "x402-operator-cli-"));
+    const kubeconfig = join(dir, "kubeconfig");
+    await writeFile(
+      kubeconfig,
+      `apiVersion: v1\nkind: Config\nclusters: [{name: emu, cluster: {server: "${c.api.url}", insecure-skip-tls-verify: true}}]\nusers: [{name: u, user: {token: t}}]\ncontexts: [{name: emu, context: {cluster: emu, user: u}}]\ncurrent-context: emu\n`,
+    );
+    const bin = fileURLToPath(new URL("../bin/x402-fleet.js", import.meta.url));
+    const child = spawn(process.execPath, [bin, "operator", "--facilitator-image", "x402-fleet:cli", "--namespace", OPERATOR_NS, "--admin-port", "0", "--host", "127.0.0.1"], {
+      env: { PATH: process.env.PATH ?? "", HOME: dir, KUBECONFIG: kubeconfig, POD_NAME: "op-cli", LOG_LEVEL: "info" },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let out = "";
+    child.stdout!.on("data", (d: Buffer) => (out += d.toString()));
+    child.stderr!.on("data", (d: Buffer) => (out += d.toString()));
+    try {
+      const admin = await until(() => /"admin":"(http:[^"]+)"/.exec(out)?.[1], "the operator to start", 30_000);
+      await until(async () => (await fetch(`${admin}/readyz`)).status === 200, "/readyz");
+      const lease = await until(() => c.coordination.readNamespacedLease({ namespace: OPERATOR_NS, name: "x402-fleet-operator" }).catch(() => undefined), "the Lease");
+      expect(lease.spec!.holderIdentity).toBe("op-cli");
+      await until(async () => c.core.readNamespacedConfigMap({ namespace: OPERATOR_NS, name: "x402-fleet-routing" }).catch(() => undefined), "the routing ConfigMap");
+      expect(await (await fetch(`${admin}/metrics`)).text()).toContain("x402_operator_reconcile_total");
+      const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
+      child.kill("SIGTERM");
+      expect(await exited).toBe(0);
+      const released = await c.coordination.readNamespacedLease({ namespace: OPERATOR_NS, name: "x402-fleet-operator" });
+      expect(released.spec!.holderIdentity).toBe("");
+    } finally {
+      await stopChild(child);
+      await c.stop();
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});

@@ -1,0 +1,146 @@
+// End to end: a FacilitatorNetwork for a devnet chain → the operator (against the API
+// emulation) → the routing ConfigMap → written to a file → the router routes a real payment,
+// settled on the anvil chain, to that chain's facilitator. The facilitator runs as a local
+// process started from the operator's own Deployment (image args, env with the Secret
+// references resolved, the signer Secret written where the pod would mount it): the kubelet's
+// part, played by test/k8s-emulator/stand-ins.ts. Two stand-ins are explicit below: the pod
+// reports available once the process answers, and the Service's cluster DNS name is mapped to
+// the process's local address when the ConfigMap is written to the router's file.
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { pino } from "pino";
+import { startTestDevnet } from "./helpers/devnet.ts";
+import { postJson, serviceShape, signEip3009 } from "./helpers/payments.ts";
+import { balanceOf, receiptStatus } from "./helpers/chain.ts";
+import { startRouterService, type RunningRouter } from "../services/router/service.ts";
+import type { RunningDevnet } from "../services/devnet/devnet.ts";
+import { parseRoutingTable } from "../services/router/routing-table.ts";
+import { ROUTING_TABLE_KEY } from "../operator/api.ts";
+import { startOperator, type RunningOperator } from "../operator/operator.ts";
+import { condition, startEmulatedCluster, until, type EmulatedCluster } from "./k8s-emulator/harness.ts";
+import { reportDeploymentStatus, runPodLocally, type RunningPod } from "./k8s-emulator/stand-ins.ts";
+
+const BINARY = fileURLToPath(new URL("../bin/x402-fleet.js", import.meta.url));
+const NS = "payments";
+const OPERATOR_NS = "x402-system";
+const RPC_KEY = "e2e-secret-api-key-19c2";
+const silent = pino({ level: "silent" });
+
+let devnet: RunningDevnet & { dir: string };
+let cluster: EmulatedCluster;
+let operator: RunningOperator;
+let router: RunningRouter | undefined;
+let pod: RunningPod | undefined;
+let dir: string;
+const operatorLogs: string[] = [];
+
+beforeAll(async () => {
+  [devnet, cluster, dir] = await Promise.all([
+    startTestDevnet(["eip155:8453"]),
+    startEmulatedCluster({ deploymentController: false }),
+    mkdtemp(join(tmpdir(), "x402-operator-e2e-")),
+  ]);
+  operator = await startOperator({
+    kubeConfig: cluster.kc,
+    namespace: OPERATOR_NS,
+    facilitatorImage: "x402-fleet:e2e",
+    identity: "op-e2e",
+    leaderElection: { leaseDurationMs: 2000, renewDeadlineMs: 1500, retryPeriodMs: 200 },
+    logger: pino({ level: "debug" }, { write: (l: string) => void operatorLogs.push(l) }),
+  });
+});
+
+afterAll(async () => {
+  await router?.close();
+  await pod?.stop();
+  await operator?.stop();
+  await cluster?.stop();
+  await devnet?.stop();
+  if (dir) await rm(dir, { recursive: true, force: true });
+});
+
+describe("operator end to end", () => {
+  it("a FacilitatorNetwork for a devnet chain → routing ConfigMap → router → a real payment settled by that chain's facilitator", async () => {
+    const net = devnet.info.networks[0]!;
+    const signerKeys = await readFile(join(devnet.dir, "keys", `${net.chainId}.key`), "utf8");
+    await cluster.putSecret(NS, "base-signer", { "signer-keys": signerKeys });
+    await cluster.putSecret(NS, "base-rpc", { url: `${net.rpcUrl}/?apikey=${RPC_KEY}` });
+
+    // the router starts with an empty table, as a fresh cluster's would
+    const tableFile = join(dir, "routing.json");
+    await writeFile(tableFile, JSON.stringify({ backends: [] }));
+    router = await startRouterService({ routingTablePath: tableFile, host: "127.0.0.1", port: 0 }, silent);
+
+    await cluster.createNetwork(NS, "base", {
+      network: net.network,
+      rpc: [{ secretKeyRef: { name: "base-rpc", key: "url" } }],
+      signerSecretRef: { name: "base-signer" },
+      schemes: ["exact"],
+      settlement: { receiptTimeoutSeconds: 20 },
+    });
+
+    // the kubelet's part: run the operator's Deployment as a local process, report it available
+    const deployment = await until(() => cluster.apps.readNamespacedDeployment({ namespace: NS, name: "base-facilitator" }).catch(() => undefined), "the Deployment");
+    pod = await runPodLocally(cluster.kc, deployment, { binary: BINARY });
+    expect(pod.env.X402_RPC_URLS).toBe(`${net.rpcUrl}/?apikey=${RPC_KEY}`); // $(X402_RPC_URL_0) resolved from the Secret
+    expect(pod.env.X402_NETWORK).toBe(net.network);
+    await reportDeploymentStatus(cluster.apps, await cluster.apps.readNamespacedDeployment({ namespace: NS, name: "base-facilitator" }), 1);
+
+    const fn = await until(async () => {
+      const f = await cluster.getNetwork(NS, "base");
+      return condition(f, "Ready")?.status === "True" ? f : undefined;
+    }, "Ready", 30_000);
+    expect(fn.status!.signers).toEqual(net.signers);
+    expect(fn.status!.chainId).toBe(net.chainId);
+
+    // the routing ConfigMap, in the router's own format, pointing at the Service
+    const serviceUrl = "http://base-facilitator.payments.svc.cluster.local:4021/v2";
+    const readTable = async () =>
+      parseRoutingTable((await cluster.core.readNamespacedConfigMap({ namespace: OPERATOR_NS, name: "x402-fleet-routing" })).data![ROUTING_TABLE_KEY]!);
+    const table = await until(async () => ((await readTable()).backends.length === 1 ? readTable() : undefined), "the routing entry");
+    expect(table.backends[0]!.url).toBe(serviceUrl);
+
+    // ConfigMap → file, with the cluster DNS name of the Service mapped to the pod process
+    const writeTableFile = async () => {
+      const t = await readTable();
+      await writeFile(tableFile, JSON.stringify({ backends: t.backends.map((b) => (b.url === serviceUrl ? { ...b, url: pod!.url } : b)) }));
+    };
+    await writeTableFile();
+
+    // the router serves the new network and its kinds without a restart
+    const supported = await until(async () => {
+      const r = await postJson(`${router!.url}/supported`, undefined, { method: "GET" });
+      return (r.json.kinds as unknown[]).length > 0 ? r.json : undefined;
+    }, "the router to load the table");
+    const own = await postJson(`${pod.url}/supported`, undefined, { method: "GET" });
+    expect(supported.kinds).toEqual(own.json.kinds); // the operator's kinds are what the facilitator serves
+    expect(supported.signers).toEqual({ "eip155:*": net.signers });
+
+    // a real payment through the router, settled on the chain by that facilitator
+    const asset = net.assets.find((a) => a.transferMethods.includes("eip3009"))!;
+    const spec = { network: net.network, chainId: net.chainId, asset, payerKey: devnet.info.payers[0]!.privateKey, payTo: devnet.info.receivers[0]!.address, amount: 4321n };
+    const body = serviceShape(spec, await signEip3009(spec));
+    const verify = await postJson(`${router.url}/verify`, body);
+    expect(verify.json).toEqual({ isValid: true, payer: devnet.info.payers[0]!.address });
+    const before = await balanceOf(net.rpcUrl, asset.address, spec.payTo);
+    const settle = await postJson(`${router.url}/settle`, body);
+    expect(settle.status).toBe(200);
+    expect(settle.json).toMatchObject({ success: true, network: net.network, payer: devnet.info.payers[0]!.address });
+    expect(await receiptStatus(net.rpcUrl, settle.json.transaction as `0x${string}`)).toBe("success");
+    expect(await balanceOf(net.rpcUrl, asset.address, spec.payTo)).toBe(before + 4321n);
+
+    // deleting the resource takes the network out of the table, and the router follows
+    await cluster.deleteNetwork(NS, "base");
+    await until(async () => (await readTable()).backends.length === 0, "the entry to go");
+    await writeTableFile();
+    await until(async () => ((await postJson(`${router!.url}/supported`, undefined, { method: "GET" })).json.kinds as unknown[]).length === 0, "the router to drop it");
+    expect((await postJson(`${router.url}/verify`, body)).json.error).toMatch(/^unsupported_scheme_network: /);
+
+    // nothing secret reached the operator's logs
+    expect(operatorLogs.join("\n")).not.toContain(RPC_KEY);
+    expect(operatorLogs.join("\n")).not.toContain(signerKeys.trim().slice(2));
+  }, 240_000); // the facilitator process creates its embedded store on first start
+});
