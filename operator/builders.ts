@@ -137,7 +137,8 @@ export function facilitatorEnv(fn: FacilitatorNetwork): EnvVar[] {
 
 const DEFAULT_RESOURCES: { requests: Record<string, Quantity>; limits: Record<string, Quantity> } = {
   requests: { cpu: "100m", memory: "128Mi" },
-  limits: { memory: "512Mi" },
+  // The embedded store (PGlite) alone takes ~700 MiB; with spec.database (PostgreSQL) the pod needs ~200 MiB.
+  limits: { memory: "1Gi" },
 };
 
 export function buildDeployment(fn: FacilitatorNetwork, opts: BuildOptions) {

@@ -110,7 +110,7 @@ describe("the Deployment", () => {
     expect(env(network()).X402_CONFIRMATIONS).toBeUndefined();
     expect(env(network()).DATABASE_URL).toBeUndefined(); // the embedded store, in the data emptyDir
     expect(env(network()).X402_DATA_DIR!.value).toBe("/var/lib/x402");
-    expect(c.resources).toEqual({ requests: { cpu: "100m", memory: "128Mi" }, limits: { memory: "512Mi" } });
+    expect(c.resources).toEqual({ requests: { cpu: "100m", memory: "128Mi" }, limits: { memory: "1Gi" } });
     const custom = buildDeployment(network({ image: "registry.local/x402:dev", resources: { requests: { cpu: "1" }, limits: { cpu: 2, memory: "1Gi" } } }), OPTS);
     expect(custom.spec.template.spec.containers[0]!.image).toBe("registry.local/x402:dev");
     expect(custom.spec.template.spec.containers[0]!.resources).toEqual({ requests: { cpu: "1" }, limits: { cpu: 2, memory: "1Gi" } });

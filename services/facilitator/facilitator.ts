@@ -32,6 +32,8 @@ export interface FacilitatorOptions {
   uptoFacilitatorAddress: Address;
   /** batch-settlement: the receiver-authorizer key; when set, advertised as extra.receiverAuthorizer. */
   receiverAuthorizer?: PrivateKeyAccount;
+  /** When set, only these token contracts are accepted. */
+  allowedAssets?: Address[];
 }
 
 export interface Facilitator {
@@ -66,6 +68,9 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
         "unsupported_scheme_network",
         `${pairKey(requirements.scheme, requirements.network)} is not served here; registered pairs: ${pairs.join(", ")}`,
       );
+    }
+    if (opts.allowedAssets && !opts.allowedAssets.includes(getAddress(requirements.asset))) {
+      throw new RequestError("unsupported_asset", `${getAddress(requirements.asset)} is not accepted on ${opts.network}; accepted assets: ${opts.allowedAssets.join(", ")}`);
     }
     checkSchemePayload(requirements.scheme, payload.payload);
     const domain = domainByAsset.get(getAddress(requirements.asset));

@@ -70,6 +70,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     metrics,
     uptoFacilitatorAddress: config.uptoFacilitatorAddress,
     receiverAuthorizer: config.receiverAuthorizerKey ? privateKeyToAccount(config.receiverAuthorizerKey) : undefined,
+    allowedAssets: config.allowedAssets,
   });
 
   const ok = (body: unknown) => ({ status: 200, body });

@@ -8,6 +8,7 @@ export type RequestErrorCode =
   | "unsupported_version"
   | "unsupported_scheme_network"
   | "amount_mismatch"
+  | "unsupported_asset"
   | "unsupported_media_type"
   | "payload_too_large"
   | "not_found"
@@ -24,6 +25,7 @@ const STATUS: Record<RequestErrorCode, number> = {
   unsupported_version: 400,
   unsupported_scheme_network: 400,
   amount_mismatch: 400,
+  unsupported_asset: 400,
   unsupported_media_type: 415,
   payload_too_large: 413,
   not_found: 404,
