@@ -22,7 +22,7 @@ async function until<T>(fn: () => Promise<T | undefined> | T | undefined, what: 
 }
 
 describe("the devnet's hub", () => {
-  it("starts with the devnet, is in devnet.json as hubUrl, keeps its data under the state dir, and stops with it", async () => {
+  it("starts with the devnet, is in devnet.json as hubUrl, shares the devnet's store, and stops with it", async () => {
     const devnet = await startTestDevnet(["eip155:84532"]);
     let hubUrl: string;
     try {
@@ -30,7 +30,7 @@ describe("the devnet's hub", () => {
       expect(info.hubUrl).toBe(devnet.info.hubUrl);
       expect(info.hubUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
       hubUrl = info.hubUrl!;
-      expect(existsSync(join(devnet.dir, "hub"))).toBe(true);
+      expect(existsSync(join(devnet.dir, "hub"))).toBe(false); // no engine of its own: the devnet's in-memory one
 
       // the devnet's payer key writes its own memory; the domain's chain is the devnet chain
       const payer = privateKeyToAccount(devnet.info.payers[0]!.privateKey);

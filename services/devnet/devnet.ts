@@ -30,7 +30,7 @@ export interface DevnetOptions {
   host?: string;
   stateDir?: string;
   logger?: Logger;
-  /** Start the hub (embedded engine under `${stateDir}/hub`, port+10); default true. */
+  /** Start the hub (on the devnet's in-memory engine, port+10); default true. */
   hub?: boolean;
 }
 
@@ -146,7 +146,7 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
         host,
         port: routerPort === 0 ? 0 : routerPort + 10,
         adminPort: routerPort === 0 ? 0 : routerPort + 110,
-        dataDir: join(stateDir, "hub"),
+        db: database, // the devnet runs every service on its one in-memory engine: the chains are new each time, so is the state
         rpcUrl: hubChain?.anvil.rpcUrl,
         logger: logger.child({ service: "hub" }),
       });

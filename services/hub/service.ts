@@ -5,7 +5,7 @@ import { createPublicClient, http, type PublicClient } from "viem";
 import { startAdminServer, type RunningAdmin } from "../platform/admin.ts";
 import { createLogger, endpointName, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
-import { describeDatabase, openDatabase } from "../platform/storage.ts";
+import { describeDatabase, migrate, openDatabase, type Database } from "../platform/storage.ts";
 import { createHubApp, DEFAULT_HUB_BODY_LIMIT } from "./app.ts";
 import { createSignatureVerifier, DEFAULT_HUB_DOMAIN_NAME, DEFAULT_MAX_EXPIRY_SECONDS, HUB_DOMAIN_VERSION, type HubDomain } from "./auth.ts";
 import type { RateLimit } from "./rate-limit.ts";
@@ -27,6 +27,8 @@ export interface HubServiceOptions {
   databaseUrl?: string;
   /** Where the embedded engine keeps its files; omit for an in-memory store. */
   dataDir?: string;
+  /** A database to share instead (the devnet runs every service on one embedded engine); not closed by the hub. */
+  db?: Database;
   /** A chain RPC: enables ERC-1271 contract-wallet signatures and fixes the domain's chain id. */
   rpcUrl?: string;
   /** The EIP-712 domain's chain id (must match the RPC's when both are given). */
@@ -73,7 +75,8 @@ export async function startHubService(opts: HubServiceOptions = {}): Promise<Run
   }
   const domain: HubDomain = { name: opts.domainName ?? DEFAULT_HUB_DOMAIN_NAME, version: HUB_DOMAIN_VERSION, chainId };
 
-  const db = await openDatabase({ url: opts.databaseUrl, dataDir: opts.databaseUrl ? undefined : opts.dataDir, migrations: HUB_MIGRATIONS });
+  const db = opts.db ?? (await openDatabase({ url: opts.databaseUrl, dataDir: opts.databaseUrl ? undefined : opts.dataDir }));
+  await migrate(db, HUB_MIGRATIONS);
   const store = createHubStore(db);
   const now = opts.now ?? Date.now;
   const metrics = createMetrics("hub");
@@ -113,7 +116,7 @@ export async function startHubService(opts: HubServiceOptions = {}): Promise<Run
     clearInterval(sweep);
     await app.close().catch(() => undefined);
     await admin?.close().catch(() => undefined);
-    await db.close().catch(() => undefined);
+    if (!opts.db) await db.close().catch(() => undefined);
     throw e;
   }
   logger.info(
