@@ -22,6 +22,12 @@ commands:
                 --port 4030 --admin-port 9430 --host 127.0.0.1 --data-dir .data/hub [--rpc-url URL] [--chain-id 8453]
                 (env: DATABASE_URL (PostgreSQL instead of the embedded engine), HUB_DATA_DIR, HUB_RPC_URL,
                  HUB_CHAIN_ID, HUB_DOMAIN_NAME, HUB_MAX_EXPIRY_SECONDS, HUB_BODY_LIMIT, PORT, ADMIN_PORT, HOST)
+  wallets       custodial agent wallets: platforms pay x402 resources with an API key (docs/wallets.md)
+                --master-key-file FILE [--admin-token-file FILE] --port 4040 --admin-port 9440 --host 127.0.0.1
+                --data-dir .data/wallets [--rpc-url eip155:8453=URL ...]
+                (env: DATABASE_URL, WALLETS_MASTER_KEY_FILE, WALLETS_ADMIN_TOKEN_FILE, WALLETS_DATA_DIR,
+                 WALLETS_RPC_URLS (comma-separated network=URL), WALLETS_ALLOW_PRIVATE_NETWORKS=true,
+                 WALLETS_MAX_AUTHORIZATION_SECONDS, WALLETS_FETCH_TIMEOUT_MS, WALLETS_BODY_LIMIT, PORT, ADMIN_PORT, HOST)
   operator      reconcile FacilitatorNetwork resources into facilitator pod sets and the routing table
                 --facilitator-image IMAGE [--namespace x402-system] [--watch-namespace NS] --admin-port 9422
                 (env: X402_FACILITATOR_IMAGE, POD_NAMESPACE, X402_WATCH_NAMESPACE, X402_ROUTING_CONFIGMAP,
@@ -68,6 +74,8 @@ export async function main(argv: string[]): Promise<void> {
       namespace: { type: "string" },
       "watch-namespace": { type: "string" },
       "facilitator-image": { type: "string" },
+      "master-key-file": { type: "string" },
+      "admin-token-file": { type: "string" },
     },
   });
   const port = values.port ?? process.env.PORT;
@@ -141,6 +149,27 @@ export async function main(argv: string[]): Promise<void> {
         maxExpirySeconds: num("HUB_MAX_EXPIRY_SECONDS", env.HUB_MAX_EXPIRY_SECONDS),
         bodyLimit: num("HUB_BODY_LIMIT", env.HUB_BODY_LIMIT),
         logger: createLogger("hub"),
+      });
+      onShutdown(running.close);
+      return;
+    }
+    case "wallets": {
+      const { startWalletsService } = await import("./wallets/service.ts");
+      const { walletsOptionsFrom } = await import("./wallets/config.ts");
+      const running = await startWalletsService({
+        ...walletsOptionsFrom(
+          {
+            host: values.host,
+            port,
+            adminPort: values["admin-port"],
+            dataDir: values["data-dir"],
+            masterKeyFile: values["master-key-file"],
+            adminTokenFile: values["admin-token-file"],
+            rpcUrls: values["rpc-url"],
+          },
+          process.env,
+        ),
+        logger: createLogger("wallets"),
       });
       onShutdown(running.close);
       return;

@@ -11,6 +11,8 @@ import { startFacilitatorService, type RunningFacilitator } from "../facilitator
 import { resolveFacilitatorConfig } from "../facilitator/config.ts";
 import { startRouterService, type RunningRouter } from "../router/service.ts";
 import { startHubService, type RunningHub } from "../hub/service.ts";
+import type { RunningWallets } from "../wallets/service.ts";
+import { startDevnetWallets } from "./wallets.ts";
 import type { RoutingTable } from "../router/routing-table.ts";
 import { startAnvil, type AnvilNode } from "./anvil.ts";
 import { setupDevnetChain } from "./chain-setup.ts";
@@ -32,6 +34,8 @@ export interface DevnetOptions {
   logger?: Logger;
   /** Start the hub (on the devnet's in-memory engine, port+10); default true. */
   hub?: boolean;
+  /** Start the wallet service (on the devnet's in-memory database, port+20); default true. */
+  wallets?: boolean;
 }
 
 export interface DevnetNetwork {
@@ -49,6 +53,9 @@ export interface DevnetInfo {
   routerUrl: string;
   routerAdminUrl: string;
   hubUrl: string | null;
+  /** The custodial wallet service (docs/wallets.md) and an API key of the devnet's agent platform. */
+  walletsUrl: string | null;
+  walletsApiKey: string | null;
   networks: DevnetNetwork[];
   payers: { address: Address; privateKey: Hex; permit2Approved: boolean }[];
   receivers: { address: Address; privateKey: Hex }[];
@@ -82,7 +89,9 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
   const facilitators: RunningFacilitator[] = [];
   let router: RunningRouter | undefined;
   let hub: RunningHub | undefined;
+  let wallets: { running: RunningWallets; apiKey: string } | undefined;
   const stop = async () => {
+    await wallets?.running.close().catch(() => undefined);
     await hub?.close().catch(() => undefined);
     await router?.close().catch(() => undefined);
     await Promise.all(facilitators.map((f) => f.close().catch(() => undefined)));
@@ -152,10 +161,24 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
       });
     }
 
+    if (opts.wallets ?? true) {
+      wallets = await startDevnetWallets({
+        stateDir,
+        host,
+        port: routerPort === 0 ? 0 : routerPort + 20,
+        adminPort: routerPort === 0 ? 0 : routerPort + 120,
+        rpcUrls: Object.fromEntries(networks.map(({ net, anvil }) => [net.network, anvil.rpcUrl])),
+        db: database,
+        logger: logger.child({ service: "wallets" }),
+      });
+    }
+
     const info: DevnetInfo = {
       routerUrl: router.url,
       routerAdminUrl: router.adminUrl,
       hubUrl: hub?.url ?? null,
+      walletsUrl: wallets?.running.url ?? null,
+      walletsApiKey: wallets?.apiKey ?? null,
       networks: networks.map(({ net, anvil, facilitator }) => ({
         network: net.network,
         chainId: net.chainId,
@@ -186,6 +209,7 @@ export function devnetGuide(info: DevnetInfo, infoPath: string): string {
     `  router      ${info.routerUrl}   (POST /verify, POST /settle, GET /supported)`,
     ...info.networks.map((n) => `  ${n.network.padEnd(13)} rpc ${n.rpcUrl}   facilitator ${n.facilitatorUrl}`),
     ...(info.hubUrl ? [`  hub         ${info.hubUrl}   (POST /api/upload signed by the owner's wallet, /api/download, /api/conversation; docs/hub.md)`] : []),
+    ...(info.walletsUrl ? [`  wallets     ${info.walletsUrl}   (custodial agent wallets; API key: walletsApiKey in the details; docs/wallets.md)`] : []),
     `  metrics     ${info.routerAdminUrl}/metrics   (and /healthz, /readyz; each facilitator's adminUrl in the details)`,
     `  details     ${infoPath}`,
     "",

@@ -40,7 +40,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
 
   const db = deps.db ?? (await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir }));
   await migrate(db, SETTLEMENT_MIGRATIONS);
-  const store = createSettlementStore(db, config.network);
+  const store = createSettlementStore(db, config.network, { onMined: (signer, gasWei) => metrics.gasSpent.inc({ network: config.network, signer }, Number(gasWei)) });
   const accounts = config.signerKeys.map((k) => privateKeyToAccount(k));
   const balances = watchBalances({ chain, network: config.network, signers: accounts.map((a) => a.address), minBalanceWei: config.minSignerBalanceWei, intervalMs: 15_000, metrics });
   const crashAt = process.env.X402_FAULT_CRASH_AT;

@@ -30,6 +30,8 @@ export function createMetrics(service: string) {
     reconcileTotal: new Counter({ name: "x402_operator_reconcile_total", help: "Operator reconciles by result", labelNames: ["result"], ...r }),
     reconcileDuration: new Histogram({ name: "x402_operator_reconcile_duration_seconds", help: "Operator reconcile latency", buckets: LATENCY_BUCKETS, ...r }),
     operatorNetworks: new Gauge({ name: "x402_operator_networks", help: "FacilitatorNetworks by condition and status", labelNames: ["condition", "status"], ...r }),
+    walletPayments: new Counter({ name: "x402_wallet_payments_total", help: "Wallet service payments by outcome (signed, refused) and refusal code", labelNames: ["network", "scheme", "result", "reason"], ...r }),
+    walletDataKeys: new Gauge({ name: "x402_wallet_data_keys", help: "Wallet data keys by the master key that wraps them", labelNames: ["master_key"], ...r }),
   };
 }
 

@@ -69,7 +69,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
       for (const tx of open) {
         const mined = await findMined(opts.chain, tx.hashes, opts.confirmations);
         if (mined) {
-          await store.recordMined(paymentId, tx.id, mined.hash, mined.receipt.status === "success");
+          await store.recordMined(paymentId, tx.id, mined.hash, mined.receipt.status === "success", mined.receipt.gasUsed * mined.receipt.effectiveGasPrice);
           return stored(paymentId);
         }
       }

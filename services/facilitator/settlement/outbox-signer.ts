@@ -213,7 +213,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
         for (;;) {
           const mined = await findMined(opts.chain, row?.hashes ?? [args.hash], opts.confirmations);
           if (mined) {
-            if (row) await opts.store.markMined(row.id, mined.hash, mined.receipt.status === "success");
+            if (row) await opts.store.markMined(row.id, mined.hash, mined.receipt.status === "success", mined.receipt.gasUsed * mined.receipt.effectiveGasPrice);
             return mined.receipt;
           }
           if (Date.now() >= deadline) throw new Error(`no receipt for ${args.hash} within ${opts.receiptTimeoutMs} ms`);

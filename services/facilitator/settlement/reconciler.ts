@@ -48,8 +48,7 @@ export function startReconciler(opts: ReconcilerOptions) {
   async function reconcile(tx: OutboxRow): Promise<void> {
     const mined = await findMined(chain, tx.hashes, opts.confirmations);
     if (mined) {
-      await store.recordMined(tx.payment_id, tx.id, mined.hash, mined.receipt.status === "success");
-      opts.metrics.gasSpent.inc({ network, signer: tx.signer }, Number(mined.receipt.gasUsed * mined.receipt.effectiveGasPrice));
+      await store.recordMined(tx.payment_id, tx.id, mined.hash, mined.receipt.status === "success", mined.receipt.gasUsed * mined.receipt.effectiveGasPrice);
       return;
     }
     if (tx.state === "signed") {

@@ -107,7 +107,12 @@ const OUTBOX_COLUMNS = `id::text AS id, payment_id, signer, nonce::text AS nonce
   max_fee_per_gas::text AS max_fee_per_gas, max_priority_fee_per_gas::text AS max_priority_fee_per_gas,
   raw_tx, hash, hashes, state, attempts, mined_hash, EXTRACT(EPOCH FROM (now() - created_at))::float8 AS age_seconds`;
 
-export function createSettlementStore(db: Database, network: string) {
+export interface SettlementStoreHooks {
+  /** Called once per transaction, by whichever process records it mined first (gas accounting). */
+  onMined?(signer: string, gasWei: bigint): void;
+}
+
+export function createSettlementStore(db: Database, network: string, hooks: SettlementStoreHooks = {}) {
   return {
     db,
 
@@ -225,8 +230,8 @@ export function createSettlementStore(db: Database, network: string) {
     },
 
     /** Records a mined transaction as the outcome of its payment (and of the outbox row). */
-    async recordMined(paymentId: string, txId: string, minedHash: string, success: boolean): Promise<void> {
-      await this.markMined(txId, minedHash, success);
+    async recordMined(paymentId: string, txId: string, minedHash: string, success: boolean, gasWei?: bigint): Promise<void> {
+      await this.markMined(txId, minedHash, success, gasWei);
       const payment = await this.payment(paymentId);
       if (!payment) return;
       const base = { transaction: minedHash, network, ...(payment.payer ? { payer: payment.payer } : {}) };
@@ -237,8 +242,14 @@ export function createSettlementStore(db: Database, network: string) {
       );
     },
 
-    async markMined(id: string, minedHash: string, success: boolean): Promise<void> {
-      await db.query(`UPDATE settlement_outbox SET state = $2, mined_hash = $3, updated_at = now() WHERE id = $1 AND state IN ('signed', 'broadcast')`, [id, success ? "confirmed" : "reverted", minedHash]);
+    /** Marks a transaction mined; true for the one caller that changed it (others saw it done). */
+    async markMined(id: string, minedHash: string, success: boolean, gasWei?: bigint): Promise<boolean> {
+      const rows = await db.query<{ signer: string }>(
+        `UPDATE settlement_outbox SET state = $2, mined_hash = $3, updated_at = now() WHERE id = $1 AND state IN ('signed', 'broadcast') RETURNING signer`,
+        [id, success ? "confirmed" : "reverted", minedHash],
+      );
+      if (rows[0] && gasWei !== undefined) hooks.onMined?.(rows[0].signer, gasWei);
+      return rows.length > 0;
     },
 
     async markDropped(id: string, error: string): Promise<void> {

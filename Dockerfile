@@ -1,0 +1,44 @@
+# syntax=docker/dockerfile:1
+# One image for every x402-fleet subcommand: the entrypoint is the `x402-fleet` command, the
+# subcommand is the first argument (router, facilitator, operator, hub, devnet, ...), as in the
+# Helm chart and in the Deployments the operator creates (args: ["facilitator"]).
+#
+#   docker build -t x402-fleet:0.1.0 .
+#   docker run --rm --read-only --tmpfs /tmp -p 4020:4020 -p 9420:9420 \
+#     -v "$PWD/routing.json:/etc/x402-fleet/routing/routing.json:ro" \
+#     -e HOST=0.0.0.0 x402-fleet:0.1.0 router --routing-table /etc/x402-fleet/routing/routing.json
+#
+# Sources are TypeScript run through tsx (a runtime dependency; no build step). The root
+# filesystem can be read-only: the only writes are tsx's compile cache under $TMPDIR (/tmp: an
+# emptyDir in the chart, --tmpfs /tmp with docker) and the data directories given by flags or
+# environment (X402_DATA_DIR, HUB_DATA_DIR, --state-dir), which the chart and the operator mount.
+
+ARG NODE_VERSION=20
+
+# ---- dependencies: production only, native addons compiled against glibc ----------------------
+FROM node:${NODE_VERSION}-bookworm AS deps
+WORKDIR /app
+# .npmrc: legacy-peer-deps, so that the lockfile's dev-only helm package (whose AWS CDK peers are
+# not installed) does not make `npm ci` refuse the lockfile.
+COPY package.json package-lock.json .npmrc ./
+RUN npm ci --omit=dev --no-audit --no-fund \
+ && npm cache clean --force
+
+# ---- runtime -------------------------------------------------------------------------------------
+FROM node:${NODE_VERSION}-bookworm-slim AS runtime
+ENV NODE_ENV=production \
+    HOME=/tmp \
+    TMPDIR=/tmp
+WORKDIR /app
+COPY --from=deps /app/node_modules ./node_modules
+COPY package.json ./
+COPY bin ./bin
+COPY services ./services
+COPY operator ./operator
+# Everything belongs to root and is read-only for the process; it runs as an unprivileged uid
+# (the chart and the operator's facilitator pods use the same 65532).
+USER 65532:65532
+# router 4020, facilitator 4021, hub 4030; admin ports (metrics, probes) 9420, 9421, 9422, 9430
+EXPOSE 4020 4021 4030 9420 9421 9422 9430
+ENTRYPOINT ["node", "/app/bin/x402-fleet.js"]
+CMD ["help"]

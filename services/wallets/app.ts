@@ -1,0 +1,358 @@
+// The wallet service's HTTP surface. Agent platforms call /v1/wallets… with their API key; the
+// operator calls /v1/admin… with the admin token. A platform sees only its own wallets: another
+// platform's wallet id answers 404 exactly like an id that does not exist. Every error is a proper
+// status with `{"error": "<code>: <detail>"}`; bad input is never a 500.
+import { randomBytes } from "node:crypto";
+import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
+import type { Logger } from "../platform/logger.ts";
+import type { Metrics } from "../platform/metrics.ts";
+import { withServerSpan } from "../platform/tracing.ts";
+import { approvePermit2 } from "./approvals.ts";
+import { walletBalances } from "./balances.ts";
+import type { ChainAccess } from "./chain.ts";
+import { apiKeyIdOf, bearerToken, matchesDigest, newApiKey, unauthorized, type AdminToken } from "./credentials.ts";
+import { createSealedKey } from "./custody.ts";
+import { WalletError } from "./errors.ts";
+import type { Fetcher } from "./fetcher.ts";
+import type { KeyringSource } from "./keyring.ts";
+import { payFor, type Caller, type PaymentsDeps } from "./payments.ts";
+import { EMPTY_POLICY, parsePolicy, WALLET_SCHEMES } from "./policy.ts";
+import type { Rotator } from "./rotation.ts";
+import type { Wallet, WalletStore } from "./store.ts";
+import { createApiKeyBody, createPlatformBody, createWalletBody, parseBody, parseFetchRequest, parseNetworkQuery, parsePage, parsePayRequest, permit2ApprovalBody } from "./wire.ts";
+import type { Caip2 } from "../x402/networks.ts";
+
+export const DEFAULT_WALLETS_BODY_LIMIT = 2 * 1024 * 1024;
+export const DEFAULT_MAX_AUTHORIZATION_SECONDS = 3600;
+
+export interface WalletsAppOptions {
+  logger: Logger;
+  metrics?: Metrics;
+  store: WalletStore;
+  keyring: KeyringSource;
+  rotator: Rotator;
+  chain?: ChainAccess;
+  fetcher: Fetcher;
+  /** The operator's token for /v1/admin; absent: the admin endpoints answer admin_disabled. */
+  adminToken?: AdminToken;
+  /** Clock in ms (tests pass their own). */
+  now?: () => number;
+  maxAuthorizationSeconds?: number;
+  bodyLimit?: number;
+}
+
+const WALLET_ID = /^wal_[0-9a-f]{24}$/;
+const PLATFORM_ID = /^plt_[0-9a-f]{16}$/;
+const KEY_ID = /^[0-9a-f]{16}$/;
+
+function sendError(reply: FastifyReply, err: WalletError) {
+  return reply.code(err.status).headers(err.headers).type("application/json").send(err.body());
+}
+
+/** Database failures (connection lost, server errors) are the service being unavailable, not a bug. */
+function isDatabaseError(e: { code?: unknown; severity?: unknown; name?: string }): boolean {
+  return typeof e.severity === "string" || (typeof e.code === "string" && (/^[0-9A-Z]{5}$/.test(e.code) || ["ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "EPIPE"].includes(e.code)));
+}
+
+function toWalletError(error: unknown): WalletError | undefined {
+  if (error instanceof WalletError) return error;
+  const e = error as { code?: string; statusCode?: number; message?: string; severity?: string };
+  switch (e?.code) {
+    case "FST_ERR_CTP_BODY_TOO_LARGE":
+      return new WalletError("payload_too_large", e.message ?? "request body is too large");
+    case "FST_ERR_CTP_INVALID_MEDIA_TYPE":
+      return new WalletError("unsupported_media_type", "send the body as application/json");
+    case "FST_ERR_CTP_INVALID_CONTENT_LENGTH":
+      return new WalletError("invalid_request", "content-length does not match the body");
+  }
+  if (e?.statusCode === 413) return new WalletError("payload_too_large", e.message ?? "request body is too large");
+  if (e?.statusCode && e.statusCode >= 400 && e.statusCode < 500) return new WalletError("invalid_request", e.message ?? "bad request");
+  if (e && isDatabaseError(e)) return new WalletError("backend_unavailable", "the wallet store is unavailable; try again");
+  return undefined;
+}
+
+export function walletView(w: Wallet) {
+  return { id: w.id, address: w.address, label: w.label, agentId: w.agentId, policy: w.policy, policyVersion: w.policyVersion, createdAt: w.createdAt, updatedAt: w.updatedAt };
+}
+
+export function createWalletsApp(opts: WalletsAppOptions): FastifyInstance {
+  const bodyLimit = opts.bodyLimit ?? DEFAULT_WALLETS_BODY_LIMIT;
+  const now = opts.now ?? Date.now;
+  const { store, keyring } = opts;
+  const deps: PaymentsDeps = {
+    store,
+    keyring,
+    chain: opts.chain,
+    metrics: opts.metrics,
+    logger: opts.logger,
+    now,
+    maxAuthorizationSeconds: opts.maxAuthorizationSeconds ?? DEFAULT_MAX_AUTHORIZATION_SECONDS,
+  };
+
+  const app = Fastify({ loggerInstance: opts.logger as FastifyBaseLogger, bodyLimit, return503OnClosing: true });
+
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser("*", { parseAs: "string", bodyLimit }, (_req, body, done) => {
+    const text = typeof body === "string" ? body : body.toString("utf8");
+    if (text.trim() === "") return done(null, undefined);
+    try {
+      done(null, JSON.parse(text));
+    } catch (e) {
+      done(new WalletError("invalid_json", `the body is not valid JSON (${(e as Error).message})`), undefined);
+    }
+  });
+
+  app.setErrorHandler((error, request, reply) => {
+    const known = toWalletError(error);
+    if (known) {
+      if (known.code === "backend_unavailable") request.log.error({ err: { message: (error as Error).message?.split("\n")[0], code: (error as { code?: string }).code } }, "wallets storage failed");
+      return sendError(reply, known);
+    }
+    // The kind of failure only: never parameters (they can hold payment data).
+    const e = error as { message?: string; code?: string; name?: string };
+    request.log.error({ err: { name: e?.name, message: e?.message?.split("\n")[0], code: e?.code }, url: request.routeOptions.url ?? "unmatched" }, "wallets request failed");
+    return sendError(reply, new WalletError("internal_error", "the request could not be processed; see the service logs"));
+  });
+
+  const metrics = opts.metrics;
+  if (metrics) {
+    app.addHook("onResponse", async (request, reply) => {
+      const route = request.routeOptions.url ?? "unmatched";
+      metrics.httpRequests.inc({ service: "wallets", route, status: String(reply.statusCode) });
+      metrics.httpDuration.observe({ service: "wallets", route }, reply.elapsedTime / 1000);
+    });
+  }
+
+  app.setNotFoundHandler((request, reply) =>
+    sendError(reply, new WalletError("not_found", `no endpoint ${request.method} ${request.url.split("?")[0]}; see GET /v1/info and docs/wallets.md`)),
+  );
+
+  // ---- authentication
+
+  async function platformCaller(request: FastifyRequest): Promise<Caller> {
+    const token = bearerToken(request.headers);
+    if (!token) throw unauthorized("send the platform's API key as Authorization: Bearer <key>");
+    const keyId = apiKeyIdOf(token);
+    if (!keyId) throw unauthorized("the credential is not a wallet service API key");
+    const key = await store.apiKey(keyId);
+    if (!key || !matchesDigest(token, key.digest)) throw unauthorized("unknown API key");
+    if (key.revokedAt) throw unauthorized(`API key ${key.id} was revoked`);
+    return { platformId: key.platformId, apiKeyId: key.id };
+  }
+
+  function requireAdmin(request: FastifyRequest): void {
+    if (!opts.adminToken) throw new WalletError("admin_disabled", "the admin API is off: start the service with an admin token file (--admin-token-file)");
+    const token = bearerToken(request.headers);
+    if (!token) throw unauthorized("send the admin token as Authorization: Bearer <token>");
+    if (!opts.adminToken.matches(token)) throw unauthorized("wrong admin token");
+  }
+
+  const walletIdOf = (request: FastifyRequest): string => {
+    const id = (request.params as { walletId?: string }).walletId ?? "";
+    if (!WALLET_ID.test(id)) throw new WalletError("not_found", `no wallet ${JSON.stringify(id.slice(0, 40))}`);
+    return id;
+  };
+  const platformIdOf = (request: FastifyRequest): string => {
+    const id = (request.params as { platformId?: string }).platformId ?? "";
+    if (!PLATFORM_ID.test(id)) throw new WalletError("not_found", `no platform ${JSON.stringify(id.slice(0, 40))}`);
+    return id;
+  };
+
+  type Handler = (request: FastifyRequest, reply: FastifyReply) => Promise<unknown>;
+  /** One server span per request, continuing the caller's trace; attributes stay bounded (no ids, no amounts). */
+  const traced =
+    (name: string, handler: Handler): Handler =>
+    (request, reply) =>
+      withServerSpan(`wallets ${request.method} ${name}`, request.headers, { "x402.service": "wallets" }, async (span) => {
+        try {
+          const sent = await handler(request, reply);
+          span.setAttribute("http.response.status_code", reply.statusCode);
+          return sent;
+        } catch (e) {
+          span.setAttribute("http.response.status_code", e instanceof WalletError ? e.status : 500);
+          throw e;
+        }
+      });
+  const platformRoute = (method: "GET" | "POST" | "PUT" | "DELETE", url: string, handler: (caller: Caller, request: FastifyRequest, reply: FastifyReply) => Promise<unknown>) =>
+    app.route({ method, url, handler: traced(url, async (request, reply) => handler(await platformCaller(request), request, reply)) });
+  const adminRoute = (method: "GET" | "POST" | "DELETE", url: string, handler: (request: FastifyRequest, reply: FastifyReply) => Promise<unknown>) =>
+    app.route({
+      method,
+      url,
+      handler: traced(url, async (request, reply) => {
+        requireAdmin(request);
+        return handler(request, reply);
+      }),
+    });
+
+  // ---- public
+
+  app.get("/v1/info", async () => ({
+    service: "x402-fleet wallets",
+    x402Version: 2,
+    schemes: WALLET_SCHEMES,
+    transferMethods: { exact: ["eip3009", "permit2"], upto: ["permit2"] },
+    networks: opts.chain?.networks() ?? [],
+    auth: "Authorization: Bearer <API key>",
+    maxAuthorizationSeconds: deps.maxAuthorizationSeconds,
+  }));
+
+  // ---- agent platforms
+
+  platformRoute("GET", "/v1/platform", async (caller) => {
+    const platform = await store.platform(caller.platformId);
+    return { platform, apiKeyId: caller.apiKeyId };
+  });
+
+  platformRoute("POST", "/v1/wallets", async (caller, request, reply) => {
+    const body = parseBody(createWalletBody, request.body);
+    const policy = body.policy === undefined ? EMPTY_POLICY : parsePolicy(body.policy);
+    const id = `wal_${randomBytes(12).toString("hex")}`;
+    const { address, sealed } = createSealedKey(id, keyring.current().primary);
+    const wallet = await store.createWallet({ id, platformId: caller.platformId, address, label: body.label, agentId: body.agentId, policy, sealed, apiKeyId: caller.apiKeyId, now: new Date(now()) });
+    opts.metrics?.walletDataKeys.inc({ master_key: sealed.masterKeyId });
+    return reply.code(201).send(walletView(wallet));
+  });
+
+  platformRoute("GET", "/v1/wallets", async (caller, request) => {
+    const page = await store.listWallets(caller.platformId, parsePage(request.query));
+    return { wallets: page.items.map(walletView), next: page.next };
+  });
+
+  platformRoute("GET", "/v1/wallets/:walletId", async (caller, request) => {
+    const id = walletIdOf(request);
+    const wallet = await store.wallet(caller.platformId, id);
+    if (!wallet) throw new WalletError("not_found", `no wallet ${id}`);
+    return walletView(wallet);
+  });
+
+  platformRoute("GET", "/v1/wallets/:walletId/balances", async (caller, request) => {
+    const id = walletIdOf(request);
+    const network = parseNetworkQuery(request.query);
+    const wallet = await store.wallet(caller.platformId, id);
+    if (!wallet) throw new WalletError("not_found", `no wallet ${id}`);
+    if (!opts.chain) throw new WalletError("network_not_configured", "the wallet service has no RPC configured (--rpc-url eip155:<chain id>=<url>)");
+    return { walletId: id, address: wallet.address, networks: await walletBalances(opts.chain, wallet.address, wallet.policy, network) };
+  });
+
+  platformRoute("GET", "/v1/wallets/:walletId/policy", async (caller, request) => {
+    const id = walletIdOf(request);
+    const wallet = await store.wallet(caller.platformId, id);
+    if (!wallet) throw new WalletError("not_found", `no wallet ${id}`);
+    return { walletId: id, version: wallet.policyVersion, policy: wallet.policy };
+  });
+
+  platformRoute("PUT", "/v1/wallets/:walletId/policy", async (caller, request) => {
+    const id = walletIdOf(request);
+    const policy = parsePolicy(request.body);
+    const wallet = await store.setPolicy(caller.platformId, id, policy, caller.apiKeyId, new Date(now()));
+    if (!wallet) throw new WalletError("not_found", `no wallet ${id}`);
+    request.log.info({ wallet: id, version: wallet.policyVersion, apiKey: caller.apiKeyId }, "wallets policy changed");
+    return { walletId: id, version: wallet.policyVersion, policy: wallet.policy };
+  });
+
+  platformRoute("GET", "/v1/wallets/:walletId/policy/history", async (caller, request) => {
+    const id = walletIdOf(request);
+    const page = await store.policyHistory(caller.platformId, id, parsePage(request.query));
+    if (!page) throw new WalletError("not_found", `no wallet ${id}`);
+    return { walletId: id, changes: page.items, next: page.next };
+  });
+
+  platformRoute("POST", "/v1/wallets/:walletId/pay", async (caller, request) => {
+    const id = walletIdOf(request);
+    return payFor(deps, caller, id, parsePayRequest(request.body));
+  });
+
+  platformRoute("POST", "/v1/wallets/:walletId/fetch", async (caller, request) => {
+    const id = walletIdOf(request);
+    return opts.fetcher.fetchAndPay(deps, caller, id, parseFetchRequest(request.body));
+  });
+
+  platformRoute("GET", "/v1/wallets/:walletId/signatures", async (caller, request) => {
+    const id = walletIdOf(request);
+    const page = await store.signatures(caller.platformId, id, parsePage(request.query));
+    if (!page) throw new WalletError("not_found", `no wallet ${id}`);
+    return { walletId: id, signatures: page.items, next: page.next };
+  });
+
+  platformRoute("POST", "/v1/wallets/:walletId/permit2-approval", async (caller, request) => {
+    const id = walletIdOf(request);
+    const body = parseBody(permit2ApprovalBody, request.body);
+    return approvePermit2(deps, caller, id, { network: body.network as Caip2, asset: body.asset, amount: body.amount });
+  });
+
+  // ---- the operator
+
+  adminRoute("POST", "/v1/admin/platforms", async (request, reply) => {
+    const body = parseBody(createPlatformBody, request.body);
+    const key = newApiKey();
+    const platform = await store.createPlatform(`plt_${randomBytes(8).toString("hex")}`, body.name, { id: key.id, digest: key.digest });
+    request.log.info({ platform: platform.id, apiKey: key.id }, "wallets platform created");
+    return reply.code(201).send({ platform, apiKey: { id: key.id, key: key.token } });
+  });
+
+  adminRoute("GET", "/v1/admin/platforms", async () => ({ platforms: await store.listPlatforms() }));
+
+  adminRoute("GET", "/v1/admin/platforms/:platformId/api-keys", async (request) => {
+    const id = platformIdOf(request);
+    const keys = await store.listApiKeys(id);
+    if (!keys) throw new WalletError("not_found", `no platform ${id}`);
+    return { platformId: id, apiKeys: keys };
+  });
+
+  adminRoute("POST", "/v1/admin/platforms/:platformId/api-keys", async (request, reply) => {
+    const id = platformIdOf(request);
+    const body = parseBody(createApiKeyBody, request.body);
+    const key = newApiKey();
+    const info = await store.addApiKey(id, { id: key.id, digest: key.digest, label: body.label });
+    if (!info) throw new WalletError("not_found", `no platform ${id}`);
+    request.log.info({ platform: id, apiKey: key.id }, "wallets API key created");
+    return reply.code(201).send({ ...info, key: key.token });
+  });
+
+  adminRoute("DELETE", "/v1/admin/platforms/:platformId/api-keys/:keyId", async (request) => {
+    const id = platformIdOf(request);
+    const keyId = (request.params as { keyId: string }).keyId;
+    const info = KEY_ID.test(keyId) ? await store.revokeApiKey(id, keyId, new Date(now())) : undefined;
+    if (!info) throw new WalletError("not_found", `platform ${id} has no API key ${JSON.stringify(keyId.slice(0, 40))}`);
+    request.log.info({ platform: id, apiKey: keyId }, "wallets API key revoked");
+    return info;
+  });
+
+  adminRoute("GET", "/v1/admin/master-keys", async () => opts.rotator.status());
+
+  adminRoute("POST", "/v1/admin/master-keys/rotate", async () => {
+    const reload = await keyring.reload().catch((e: Error) => {
+      throw new WalletError("conflict", `the master key file was not loaded: ${e.message}`);
+    });
+    const result = await opts.rotator.rewrapAll();
+    return { reloaded: reload.changed, ...result, ...(await opts.rotator.status()) };
+  });
+
+  // ---- 405 on known paths
+  const methodNotAllowed = (allow: string) => async (request: FastifyRequest, reply: FastifyReply) =>
+    sendError(reply, new WalletError("method_not_allowed", `${request.method} is not allowed on ${request.url.split("?")[0]}; use ${allow}`, { allow }));
+  const others = (used: string[]) => (["GET", "POST", "PUT", "DELETE", "PATCH"] as const).filter((m) => !used.includes(m));
+  for (const [url, used] of [
+    ["/v1/info", ["GET"]],
+    ["/v1/platform", ["GET"]],
+    ["/v1/wallets", ["GET", "POST"]],
+    ["/v1/wallets/:walletId", ["GET"]],
+    ["/v1/wallets/:walletId/balances", ["GET"]],
+    ["/v1/wallets/:walletId/policy", ["GET", "PUT"]],
+    ["/v1/wallets/:walletId/policy/history", ["GET"]],
+    ["/v1/wallets/:walletId/pay", ["POST"]],
+    ["/v1/wallets/:walletId/fetch", ["POST"]],
+    ["/v1/wallets/:walletId/signatures", ["GET"]],
+    ["/v1/wallets/:walletId/permit2-approval", ["POST"]],
+    ["/v1/admin/platforms", ["GET", "POST"]],
+    ["/v1/admin/platforms/:platformId/api-keys", ["GET", "POST"]],
+    ["/v1/admin/platforms/:platformId/api-keys/:keyId", ["DELETE"]],
+    ["/v1/admin/master-keys", ["GET"]],
+    ["/v1/admin/master-keys/rotate", ["POST"]],
+  ] as [string, string[]][]) {
+    app.route({ method: others(used), url, handler: methodNotAllowed(used.join(", ")) });
+  }
+
+  return app;
+}

@@ -1,0 +1,161 @@
+// Starts the wallet service: the database (embedded engine under a data directory, or PostgreSQL by
+// URL) with its migrations, the master keys (checked against the fingerprints on record, reloaded
+// when the file changes, data keys re-wrapped when the primary changes), the chains it reads, the
+// HTTP app, and the admin port (/metrics, /healthz, /readyz).
+import { startAdminServer, type RunningAdmin } from "../platform/admin.ts";
+import { createLogger, endpointName, type Logger } from "../platform/logger.ts";
+import { createMetrics } from "../platform/metrics.ts";
+import { describeDatabase, migrate, openDatabase, type Database } from "../platform/storage.ts";
+import type { Caip2 } from "../x402/networks.ts";
+import { createWalletsApp, DEFAULT_MAX_AUTHORIZATION_SECONDS, DEFAULT_WALLETS_BODY_LIMIT } from "./app.ts";
+import { createChainAccess } from "./chain.ts";
+import { adminTokenFrom, readAdminTokenFile } from "./credentials.ts";
+import { createFetcher } from "./fetcher.ts";
+import { openKeyringSource, type Keyring } from "./keyring.ts";
+import { checkFingerprints, createRotator, type RotationResult } from "./rotation.ts";
+import { createWalletStore, WALLETS_MIGRATIONS } from "./store.ts";
+
+export const DEFAULT_WALLETS_PORT = 4040;
+export const DEFAULT_WALLETS_ADMIN_PORT = 9440;
+
+export interface WalletsServiceOptions {
+  host?: string;
+  /** Default 4040. */
+  port?: number;
+  /** /metrics, /healthz, /readyz; default 9440, or a free port when `port` is 0. */
+  adminPort?: number;
+  /** postgres://… to use a server; otherwise the embedded engine. */
+  databaseUrl?: string;
+  /** Where the embedded engine keeps its files; omit for an in-memory store. */
+  dataDir?: string;
+  /** A database shared with other components (migrated here, not closed here); wins over the two above. */
+  db?: Database;
+  /** The master key file (a mounted Secret): `<id>:<64 hex>` per line, the primary first. */
+  masterKeyFile?: string;
+  /** A fixed keyring instead of a file (embedding, tests). */
+  masterKeys?: Keyring;
+  /** Poll interval of the master key file; default 1000 ms, 0 disables. */
+  masterKeyPollMs?: number;
+  /** The operator's token for /v1/admin, from a file (a mounted Secret) or given directly. */
+  adminTokenFile?: string;
+  adminToken?: string;
+  /** One RPC per network: balances, Permit2 allowances and approvals. */
+  rpcUrls?: Partial<Record<Caip2, string>>;
+  /** Let /fetch reach loopback and private addresses (the devnet); default false. */
+  allowPrivateNetworks?: boolean;
+  fetchTimeoutMs?: number;
+  fetchMaxResponseBytes?: number;
+  maxAuthorizationSeconds?: number;
+  bodyLimit?: number;
+  logger?: Logger;
+  /** Clock in ms (tests pass their own). */
+  now?: () => number;
+}
+
+export interface RunningWallets {
+  /** Base URL; clients call `${url}/v1/wallets` and so on. */
+  url: string;
+  adminUrl: string;
+  /** Reloads the master key file and re-wraps every data key under the primary. */
+  rotate(): Promise<RotationResult>;
+  close(): Promise<void>;
+}
+
+export async function startWalletsService(opts: WalletsServiceOptions = {}): Promise<RunningWallets> {
+  const logger = opts.logger ?? createLogger("wallets");
+  const now = opts.now ?? Date.now;
+  const adminToken = opts.adminToken !== undefined ? adminTokenFrom(opts.adminToken) : opts.adminTokenFile ? readAdminTokenFile(opts.adminTokenFile) : undefined;
+  let db: Database;
+  if (opts.db) {
+    db = opts.db;
+    await migrate(db, WALLETS_MIGRATIONS);
+  } else {
+    db = await openDatabase({ url: opts.databaseUrl, dataDir: opts.databaseUrl ? undefined : opts.dataDir, migrations: WALLETS_MIGRATIONS });
+  }
+  const store = createWalletStore(db);
+  const metrics = createMetrics("wallets");
+
+  const cleanup: (() => Promise<void> | void)[] = [() => (opts.db ? undefined : db.close())];
+  let closing: Promise<void> | undefined;
+  const closeAll = () =>
+    (closing ??= (async () => {
+      for (const fn of cleanup.reverse()) await Promise.resolve(fn()).catch(() => undefined);
+    })());
+
+  try {
+    let rotate: () => void = () => undefined;
+    const keyring = await openKeyringSource({
+      path: opts.masterKeys ? undefined : opts.masterKeyFile,
+      keyring: opts.masterKeys,
+      logger,
+      accept: (k) => checkFingerprints(store, k),
+      onPrimaryChange: () => rotate(),
+      watchIntervalMs: opts.masterKeyPollMs,
+    });
+    cleanup.push(() => keyring.close());
+    const rotator = createRotator({ store, keyring, logger, metrics, now });
+    cleanup.push(() => rotator.idle());
+    rotate = () => void rotator.rewrapAll().catch((e: Error) => logger.error({ reason: e.message.split("\n")[0] }, "wallets: re-wrapping failed"));
+    // Finish a rotation an earlier run started (data keys still under an older loaded key).
+    rotate();
+
+    const chain = opts.rpcUrls && Object.keys(opts.rpcUrls).length ? createChainAccess({ rpcUrls: opts.rpcUrls }) : undefined;
+    const fetcher = createFetcher({
+      allowPrivateNetworks: opts.allowPrivateNetworks ?? false,
+      timeoutMs: opts.fetchTimeoutMs ?? 20_000,
+      maxResponseBytes: opts.fetchMaxResponseBytes ?? 1024 * 1024,
+    });
+    cleanup.push(() => fetcher.close());
+
+    const app = createWalletsApp({
+      logger,
+      metrics,
+      store,
+      keyring,
+      rotator,
+      chain,
+      fetcher,
+      adminToken,
+      now,
+      maxAuthorizationSeconds: opts.maxAuthorizationSeconds ?? DEFAULT_MAX_AUTHORIZATION_SECONDS,
+      bodyLimit: opts.bodyLimit ?? DEFAULT_WALLETS_BODY_LIMIT,
+    });
+    cleanup.push(() => app.close());
+
+    const host = opts.host ?? "127.0.0.1";
+    const port = opts.port ?? DEFAULT_WALLETS_PORT;
+    const admin: RunningAdmin = await startAdminServer({
+      host,
+      port: opts.adminPort ?? (port === 0 ? 0 : DEFAULT_WALLETS_ADMIN_PORT),
+      registry: metrics.registry,
+      logger,
+      checks: [{ name: "database", check: async () => (await store.ping(), true) }],
+    });
+    cleanup.push(() => admin.close());
+    const address = await app.listen({ host, port });
+    logger.info(
+      {
+        url: address,
+        admin: admin.url,
+        database: opts.db ? `${opts.db.kind} (shared)` : describeDatabase(opts.databaseUrl),
+        dataDir: opts.db || opts.databaseUrl ? undefined : (opts.dataDir ?? "(in memory)"),
+        masterKeys: { primary: keyring.current().primary.id, loaded: [...keyring.current().keys.keys()] },
+        networks: Object.entries(opts.rpcUrls ?? {}).map(([n, u]) => `${n}@${endpointName(u!)}`),
+        admin_api: Boolean(adminToken),
+      },
+      "wallets listening",
+    );
+    return {
+      url: address,
+      adminUrl: admin.url,
+      rotate: async () => {
+        await keyring.reload();
+        return rotator.rewrapAll();
+      },
+      close: closeAll,
+    };
+  } catch (e) {
+    await closeAll();
+    throw e;
+  }
+}

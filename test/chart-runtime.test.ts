@@ -1,0 +1,247 @@
+// The chart against running services:
+// - every metric the Grafana dashboards (charts/x402-fleet/dashboards/) and the alerts (the
+//   PrometheusRule rendered by helm) query exists, with the labels and label values they use, on
+//   the /metrics of running services: the router and the facilitator of a real devnet after real
+//   payments (a settled one, refused ones), a hub, and the real operator (operator/, through its
+//   own admin server) reconciling FacilitatorNetworks against the API emulation of
+//   test/k8s-emulator (an emulation, not a kube-apiserver);
+// - the operator's RBAC as the chart renders it allows every request that operator makes (and no
+//   rule goes unused), seen through a recording proxy in front of the emulation.
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { KubeConfig } from "@kubernetes/client-node";
+import { pino } from "pino";
+import { startAdminServer, type RunningAdmin } from "../services/platform/admin.ts";
+import { createMetrics } from "../services/platform/metrics.ts";
+import { startHubService, type RunningHub } from "../services/hub/service.ts";
+import { startOperator, type RunningOperator } from "../operator/operator.ts";
+import { startTestDevnet } from "./helpers/devnet.ts";
+import { postJson, serviceShape, signEip3009, signPermit2 } from "./helpers/payments.ts";
+import { CHART, one, render, type Doc } from "./helpers/helm.ts";
+import { checkQuery, parseExposition, type Exposition, type Query } from "./helpers/promql.ts";
+import { attributesOf, authorize, grantKeys, matchKey, startRecordingProxy, type Grants, type PolicyRule, type RecordingProxy } from "./helpers/rbac.ts";
+import { condition, startEmulatedCluster, until, type EmulatedCluster } from "./k8s-emulator/harness.ts";
+
+const NS = "x402-system";
+const APPS = "payments";
+const silent = pino({ level: "silent" });
+
+let devnet: Awaited<ReturnType<typeof startTestDevnet>> | undefined;
+let hub: RunningHub | undefined;
+let cluster: EmulatedCluster | undefined;
+let proxy: RecordingProxy | undefined;
+let operator: RunningOperator | undefined;
+let operatorAdmin: RunningAdmin | undefined;
+let docs: Doc[];
+const metrics: Record<string, string> = {};
+
+const metricsText = async (adminUrl: string) => (await fetch(`${adminUrl}/metrics`)).text();
+const has = (text: string, needle: RegExp) => text.split("\n").some((l) => needle.test(l));
+
+/** The devnet: a settled payment, a refused verify, a refused settle, one whose gas estimate reverts. */
+async function payOnDevnet() {
+  const d = (devnet = await startTestDevnet(["eip155:8453"]));
+  const net = d.info.networks[0]!;
+  const asset = net.assets.find((a) => a.transferMethods.includes("eip3009"))!;
+  const spec = { network: net.network, chainId: net.chainId, asset, payerKey: d.info.payers[0]!.privateKey, payTo: d.info.receivers[0]!.address, amount: 4242n };
+  const ok = serviceShape(spec, await signEip3009(spec));
+  expect((await postJson(`${d.info.routerUrl}/verify`, ok)).json.isValid).toBe(true);
+  expect((await postJson(`${d.info.routerUrl}/settle`, ok)).json.success).toBe(true);
+  const expired = serviceShape(spec, await signEip3009({ ...spec, auth: { validBefore: 1n } }));
+  expect((await postJson(`${d.info.routerUrl}/verify`, expired)).json.isValid).toBe(false);
+  expect((await postJson(`${d.info.routerUrl}/settle`, expired)).json.success).toBe(false);
+  // Permit2 from the payer that never approved it: the settlement's gas estimate reverts (a JSON-RPC error answer)
+  const permit2 = net.assets.find((a) => a.transferMethods.includes("permit2"))!;
+  const unapproved = { ...spec, asset: permit2, payerKey: d.info.payers[1]!.privateKey };
+  expect((await postJson(`${d.info.routerUrl}/settle`, serviceShape(unapproved, await signPermit2(unapproved)))).json.success).toBe(false);
+  // the settlement engine's reconciler exports the outbox gauges on its next pass (every second)
+  metrics.facilitator = await until(async () => {
+    const t = await metricsText(net.adminUrl);
+    return has(t, /^x402_settlement_outbox\{.*state="confirmed".*\} 1$/) ? t : undefined;
+  }, "the outbox gauges", 15_000);
+  metrics.router = await metricsText(d.info.routerAdminUrl);
+}
+
+async function runHub() {
+  hub = await startHubService({ host: "127.0.0.1", port: 0, logger: silent });
+  expect((await fetch(`${hub.url}/api/info`)).status).toBe(200);
+  metrics.hub = await metricsText(hub.adminUrl);
+}
+
+/**
+ * The operator, configured as the chart's Deployment configures it (its env), against the API
+ * emulation through the recording proxy: one network becomes Ready, one is Degraded (its Secret
+ * is missing), one reconcile fails (a 500 injected by the proxy), a PodDisruptionBudget comes and
+ * goes with the replicas, a resource is deleted (finalizer released), and the Lease is released.
+ */
+async function runOperator(env: Record<string, string>) {
+  const c = (cluster = await startEmulatedCluster());
+  const p = (proxy = await startRecordingProxy(c.api.url));
+  const kubeConfig = new KubeConfig();
+  kubeConfig.loadFromOptions({
+    clusters: [{ name: "proxy", server: p.url, skipTLSVerify: true }],
+    users: [{ name: "operator", token: "operator-token" }],
+    contexts: [{ name: "proxy", cluster: "proxy", user: "operator" }],
+    currentContext: "proxy",
+  });
+  const registry = createMetrics("operator");
+  p.failOnce((method, path) => method === "PATCH" && path.endsWith("/deployments/base-facilitator"));
+  operator = await startOperator({
+    kubeConfig,
+    namespace: NS,
+    facilitatorImage: env.X402_FACILITATOR_IMAGE!,
+    routingConfigMap: env.X402_ROUTING_CONFIGMAP,
+    clusterDomain: env.X402_CLUSTER_DOMAIN,
+    leaderElection: { leaseName: env.X402_LEASE_NAME },
+    identity: "fleet-x402-fleet-operator-0",
+    metrics: registry,
+    logger: silent,
+  });
+  operatorAdmin = await startAdminServer({ host: "127.0.0.1", port: 0, registry: registry.registry, checks: [], logger: silent });
+
+  const d = devnet!;
+  const net = d.info.networks[0]!;
+  await c.putSecret(APPS, "base-signer", { "signer-keys": readFileSync(join(d.dir, "keys", `${net.chainId}.key`), "utf8") });
+  await c.createNetwork(APPS, "base", { network: net.network, rpc: [{ url: net.rpcUrl }], signerSecretRef: { name: "base-signer" } });
+  await c.createNetwork(APPS, "broken", { network: "eip155:84532", rpc: [{ url: "http://127.0.0.1:9/" }], signerSecretRef: { name: "missing-signer" } });
+  await until(async () => condition(await c.getNetwork(APPS, "base"), "Ready")?.status === "True", "base Ready", 20_000);
+  await until(async () => condition(await c.getNetwork(APPS, "broken"), "Degraded")?.reason === "SignerSecretNotFound", "broken Degraded", 20_000);
+
+  // two replicas (with the shared database they need): a PodDisruptionBudget
+  await c.putSecret(APPS, "fleet-db", { url: "postgres://fleet:pw@postgres:5432/fleet" });
+  await c.patchNetwork(APPS, "base", { spec: { replicas: 2, database: { urlSecretRef: { name: "fleet-db", key: "url" } } } });
+  await until(() => c.policy.readNamespacedPodDisruptionBudget({ namespace: APPS, name: "base-facilitator" }).catch(() => undefined), "the PodDisruptionBudget", 20_000);
+  await until(async () => condition(await c.getNetwork(APPS, "base"), "Ready")?.status === "True", "base Ready again", 20_000);
+  metrics.operator = await until(async () => {
+    const t = await metricsText(operatorAdmin!.url);
+    const ready = has(t, /^x402_operator_networks\{.*condition="Ready".*status="True".*\} 1$/) || has(t, /^x402_operator_networks\{condition="Ready",status="True".*\} 1$/);
+    return ready && has(t, /^x402_operator_reconcile_total\{result="error"/) && has(t, /^x402_operator_networks\{condition="Degraded",status="True"/) ? t : undefined;
+  }, "the operator's metrics", 20_000);
+
+  // back to one replica: the PodDisruptionBudget goes; a deleted resource releases its finalizer
+  await c.patchNetwork(APPS, "base", { spec: { replicas: 1, database: null } });
+  await until(async () => (await c.policy.readNamespacedPodDisruptionBudget({ namespace: APPS, name: "base-facilitator" }).then(() => false, () => true)) || undefined, "the PodDisruptionBudget to go", 20_000);
+  await c.deleteNetwork(APPS, "broken");
+  await until(async () => (await c.getNetwork(APPS, "broken")) === undefined, "broken to go", 20_000);
+  await operator.stop(); // releases the Lease
+}
+
+let chartDocs: Doc[];
+beforeAll(async () => {
+  chartDocs = render({ namespace: NS, values: { monitoring: { enabled: true } }, apiVersions: ["monitoring.coreos.com/v1/ServiceMonitor"] });
+  docs = chartDocs;
+  const deployment = one(docs, "Deployment", "fleet-x402-fleet-operator") as Doc & { spec: { template: { spec: { containers: { env: { name: string; value?: string }[] }[] } } } };
+  const env = Object.fromEntries(deployment.spec.template.spec.containers[0]!.env.filter((e) => e.value !== undefined).map((e) => [e.name, e.value!]));
+  await Promise.all([payOnDevnet(), runHub()]);
+  await runOperator(env);
+}, 180_000);
+
+afterAll(async () => {
+  await operator?.stop();
+  await operatorAdmin?.close();
+  await proxy?.close();
+  await cluster?.stop();
+  await hub?.close();
+  await devnet?.stop();
+});
+
+/** Every PromQL query of the dashboards (panels and template variables) and of the alerts. */
+function queries(): Query[] {
+  const out: Query[] = [];
+  for (const name of ["overview", "settlement", "rpc", "operator"]) {
+    const dashboard = JSON.parse(readFileSync(join(CHART, "dashboards", `${name}.json`), "utf8")) as {
+      panels: { title: string; targets?: { expr: string }[]; panels?: unknown[] }[];
+      templating: { list: { name: string; query?: string | { query: string } }[] };
+    };
+    for (const p of dashboard.panels) for (const t of p.targets ?? []) out.push({ origin: `${name}.json "${p.title}"`, expr: t.expr });
+    for (const v of dashboard.templating.list) {
+      const q = typeof v.query === "string" ? v.query : v.query?.query;
+      if (v.name !== "datasource" && q) out.push({ origin: `${name}.json variable $${v.name}`, expr: q });
+    }
+  }
+  const rule = one(docs, "PrometheusRule", "fleet-x402-fleet") as Doc & { spec: { groups: { rules: { alert: string; expr: string }[] }[] } };
+  for (const r of rule.spec.groups.flatMap((g) => g.rules)) out.push({ origin: `alert ${r.alert}`, expr: r.expr });
+  return out;
+}
+
+const GAS_SPENT = "x402_settlement_gas_spent_wei";
+
+describe("the metrics of the dashboards and alerts, on running services", () => {
+  let expositions: Record<string, Exposition>;
+  beforeAll(() => {
+    expositions = Object.fromEntries(Object.entries(metrics).map(([k, v]) => [k, parseExposition(v)]));
+  });
+
+  it("were gathered from the router, the facilitator, the hub and the operator", () => {
+    expect(Object.keys(expositions).sort()).toEqual(["facilitator", "hub", "operator", "router"]);
+    expect(expositions.router!.get("x402_router_backend_up")).toEqual([{ network: "eip155:8453", service: "router" }]);
+    expect(expositions.facilitator!.get("x402_settle_total")!.map((s) => s.result).sort()).toEqual(["failure", "failure", "success"]);
+    expect(queries().length).toBeGreaterThan(40);
+  });
+
+  it("every query selects series that exist, with the labels and label values it uses", () => {
+    const problems = queries().flatMap((q) => checkQuery(q, expositions));
+    expect(problems).toEqual([]);
+  });
+
+  it(`${GAS_SPENT} is counted for a settlement whose receipt arrives inside /settle`, () => {
+    const series = expositions.facilitator!.get(GAS_SPENT) ?? [];
+    expect(series.length).toBeGreaterThan(0);
+  });
+
+  it("the check itself refuses a misspelt metric, a missing label, a wrong label value and an unknown service", () => {
+    const check = (expr: string) => checkQuery({ origin: "test", expr }, expositions);
+    expect(check(`sum(rate(x402_settle_totl[5m]))`)).toEqual([expect.stringContaining("x402_settle_totl is not on the /metrics")]);
+    expect(check(`sum by (chain) (rate(x402_settle_total[5m]))`)).toEqual([expect.stringContaining(`x402_settle_total has no label "chain"`)]);
+    expect(check(`x402_settle_total{result="succeeded"}`)).toEqual([expect.stringContaining(`no x402_settle_total series with result="succeeded"`)]);
+    expect(check(`x402_operator_reconcile_duration_seconds_count{service="facilitatr"}`)).toEqual([expect.stringContaining(`service="facilitatr"`)]);
+    expect(check(`histogram_quantile(0.5, sum by (le) (rate(x402_verify_duration_seconds_bucket[5m])))`)).toEqual([]);
+  });
+});
+
+describe("the operator's RBAC (as rendered) against the requests the real operator made", () => {
+  let grants: Grants;
+  beforeAll(() => {
+    const rules = (d: Doc) => d.rules as PolicyRule[];
+    const clusterRole = one(docs, "ClusterRole", "fleet-x402-fleet-operator");
+    const self = one(docs, "Role", "fleet-x402-fleet-operator-self");
+    // the bindings give them to the operator's ServiceAccount
+    const sa = { kind: "ServiceAccount", name: "fleet-x402-fleet-operator", namespace: NS };
+    expect(one(docs, "ClusterRoleBinding", "fleet-x402-fleet-operator").subjects).toEqual([sa]);
+    expect(one(docs, "RoleBinding", "fleet-x402-fleet-operator-self").subjects).toEqual([sa]);
+    grants = { cluster: rules(clusterRole), namespaced: [{ namespace: self.metadata.namespace!, rules: rules(self) }] };
+  });
+
+  it("allows every request, and every rule was needed (finalizers/update is checked by admission, not requested)", () => {
+    expect(proxy!.requests.length).toBeGreaterThan(20);
+    const refused: string[] = [];
+    const used = new Set<string>();
+    for (const r of proxy!.requests) {
+      const attrs = attributesOf(r);
+      if (!attrs) {
+        refused.push(`${r.method} ${r.path} (a non-resource URL)`);
+        continue;
+      }
+      for (const a of attrs) {
+        const m = authorize(a, grants);
+        if (m) used.add(matchKey(m, a));
+        else refused.push(`${a.verb} ${a.group || "core"}/${a.resource} ${a.namespace ?? "(all namespaces)"}/${a.name ?? ""}`);
+      }
+    }
+    expect(refused).toEqual([]);
+    const unused = grantKeys(grants).filter((k) => !used.has(k));
+    expect(unused).toEqual(["cluster x402fleet.io/facilitatornetworks/finalizers:update"]);
+  });
+
+  it("the check itself refuses what the rules do not grant", () => {
+    const deny = (verb: string, group: string, resource: string, namespace?: string, name?: string) => authorize({ verb, group, resource, namespace, name }, grants);
+    expect(deny("update", "", "secrets", APPS, "base-signer")).toBeUndefined(); // read-only
+    expect(deny("patch", "", "configmaps", APPS, "fleet-x402-fleet-routing")).toBeUndefined(); // only at home
+    expect(deny("patch", "", "configmaps", NS, "another")).toBeUndefined(); // only that one
+    expect(deny("update", "coordination.k8s.io", "leases", NS, "someone-elses")).toBeUndefined();
+    expect(deny("delete", "apps", "deployments", APPS, "base-facilitator")).toBeUndefined();
+    expect(deny("get", "", "pods", APPS, "x")).toBeUndefined();
+    expect(deny("patch", "", "configmaps", NS, "fleet-x402-fleet-routing")).toBeDefined();
+  });
+});
