@@ -14,6 +14,7 @@ export interface ContractHandlers {
 
 export interface HandlerResult {
   status: number;
+  /** An object to serialise, or a string that already is JSON (a proxied answer, sent as is). */
   body: unknown;
 }
 
@@ -28,6 +29,41 @@ export interface ContractAppOptions {
 }
 
 export const DEFAULT_BODY_LIMIT = 64 * 1024;
+
+// Response schemas: fastify compiles them into serialisers (fast-json-stringify). Known fields are
+// listed; anything a mechanism adds (extra, extensions, channel state) is kept.
+const anyObject = { type: "object", additionalProperties: true } as const;
+const RESPONSE_SCHEMAS = {
+  verify: {
+    type: "object",
+    additionalProperties: true,
+    properties: { isValid: { type: "boolean" }, invalidReason: { type: "string" }, invalidMessage: { type: "string" }, payer: { type: "string" }, extensions: anyObject, extra: anyObject },
+  },
+  settle: {
+    type: "object",
+    additionalProperties: true,
+    properties: {
+      success: { type: "boolean" },
+      errorReason: { type: "string" },
+      errorMessage: { type: "string" },
+      payer: { type: "string" },
+      transaction: { type: "string" },
+      network: { type: "string" },
+      amount: { type: "string" },
+      extensions: anyObject,
+      extra: anyObject,
+    },
+  },
+  supported: {
+    type: "object",
+    additionalProperties: true,
+    properties: {
+      kinds: { type: "array", items: { type: "object", additionalProperties: true, properties: { x402Version: { type: "integer" }, scheme: { type: "string" }, network: { type: "string" }, extra: anyObject } } },
+      extensions: { type: "array", items: { type: "string" } },
+      signers: { type: "object", additionalProperties: { type: "array", items: { type: "string" } } },
+    },
+  },
+} as const;
 
 function sendError(reply: FastifyReply, err: RequestError, headers: Record<string, string> = {}) {
   return reply.code(err.status).headers(headers).type("application/json").send(err.body());
@@ -97,10 +133,14 @@ export function createContractApp(opts: ContractAppOptions): FastifyInstance {
     sendError(r, new RequestError("method_not_allowed", `${request.method} is not allowed on ${request.url.split("?")[0]}; use ${allow}`), { allow });
 
   for (const action of ["verify", "settle"] as const) {
-    app.post(`/v2/${action}`, async (request, r) => reply(r, await traced(`POST /v2/${action}`, request.headers, () => opts.handlers[action](request.body))));
+    app.post(`/v2/${action}`, { schema: { response: { 200: RESPONSE_SCHEMAS[action] } } }, async (request, r) =>
+      reply(r, await traced(`POST /v2/${action}`, request.headers, () => opts.handlers[action](request.body))),
+    );
     app.route({ method: ["GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"], url: `/v2/${action}`, handler: methodNotAllowed("POST") });
   }
-  app.get("/v2/supported", async (request, r) => reply(r, await traced("GET /v2/supported", request.headers, () => opts.handlers.supported())));
+  app.get("/v2/supported", { schema: { response: { 200: RESPONSE_SCHEMAS.supported } } }, async (request, r) =>
+    reply(r, await traced("GET /v2/supported", request.headers, () => opts.handlers.supported())),
+  );
   app.route({ method: ["POST", "PUT", "PATCH", "DELETE", "OPTIONS"], url: "/v2/supported", handler: methodNotAllowed("GET") });
   return app;
 }
