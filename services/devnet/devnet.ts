@@ -125,7 +125,7 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
           schemes: ["exact", "upto", "batch-settlement"],
           host,
           port: routerPort === 0 ? 0 : routerPort + 101 + i,
-          adminPort: routerPort === 0 ? 0 : routerPort + 201 + i,
+          adminPort: routerPort === 0 ? 0 : routerPort + 301 + i, // 4321…: clear of common local services (NATS listens on 4222)
         });
         const facilitator = await startFacilitatorService(config, logger.child({ service: "facilitator" }), { db: database });
         facilitators.push(facilitator);
