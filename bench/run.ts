@@ -51,26 +51,27 @@ const round = (n: number, d = 2) => Math.round(n * 10 ** d) / 10 ** d;
 async function main() {
   const dir = await mkdtemp(join(tmpdir(), "x402-bench-"));
   const anvil = await startAnvil({ chainId: net.chainId });
-  const keys = { ours1: [generatePrivateKey()], ours4: Array.from({ length: 4 }, () => generatePrivateKey()), ref: [generatePrivateKey()] };
+  const pg = process.env.DATABASE_URL;
+  const keys = { ours1: [generatePrivateKey()], ours4: Array.from({ length: 4 }, () => generatePrivateKey()), ours4pg: Array.from({ length: 4 }, () => generatePrivateKey()), ref: [generatePrivateKey()] };
   const payerKey = generatePrivateKey();
   const receiver = privateKeyToAccount(generatePrivateKey()).address;
   await setupDevnetChain({
     rpcUrl: anvil.rpcUrl,
     chainId: net.chainId,
     assets: net.assets,
-    gasFunded: [...keys.ours1, ...keys.ours4, ...keys.ref].map((k) => privateKeyToAccount(k).address),
+    gasFunded: [...keys.ours1, ...keys.ours4, ...keys.ours4pg, ...keys.ref].map((k) => privateKeyToAccount(k).address),
     payers: [{ privateKey: payerKey, permit2Approved: true }],
   });
   const proxyOurs = await startCountingProxy(anvil.rpcUrl);
   const proxyRef = await startCountingProxy(anvil.rpcUrl);
 
-  const facilitator = async (name: string, signerKeys: string[]) => {
+  const facilitator = async (name: string, signerKeys: string[], databaseUrl = "") => {
     const keyFile = join(dir, `${name}.key`);
     await writeFile(keyFile, signerKeys.join("\n") + "\n");
     const port = await freePort();
     const child = start(["bin/x402-fleet.js", "facilitator", "--network", net.network, "--rpc-url", proxyOurs.url, "--signer-key-file", keyFile, "--schemes", "exact", "--port", String(port), "--admin-port", String(await freePort())], {
       X402_DATA_DIR: join(dir, `${name}-db`),
-      DATABASE_URL: "",
+      DATABASE_URL: databaseUrl,
     });
     const url = `http://127.0.0.1:${port}/v2`;
     await waitUp(`${url}/supported`);
@@ -78,6 +79,8 @@ async function main() {
   };
   const ours1 = await facilitator("ours1", keys.ours1);
   const ours4 = await facilitator("ours4", keys.ours4);
+  // With DATABASE_URL set, the same 4-key settle load on PostgreSQL (the embedded engine serialises every query).
+  const ours4pg = pg ? await facilitator("ours4pg", keys.ours4pg, pg) : undefined;
   const tablePath = join(dir, "routing.json");
   await writeFile(tablePath, JSON.stringify({ backends: [{ network: net.network, url: ours1.url, kinds: [{ x402Version: 2, scheme: "exact", network: net.network }] }] }));
   const routerPort = await freePort();
@@ -131,7 +134,8 @@ async function main() {
   const rpc = { ours: proxyOurs.counts(), reference: proxyRef.counts() };
 
   const settle: Record<string, { successes: number; failures: number; reasons: Record<string, number>; seconds: number; throughput: number }> = {};
-  for (const [name, url] of [["ours1Key", ours1.url], ["ours4Keys", ours4.url], ["reference", refUrl]] as const) {
+  const settleTargets: [string, string][] = [["ours1Key", ours1.url], ["ours4Keys", ours4.url], ...(ours4pg ? [["ours4KeysPostgres", ours4pg.url] as [string, string]] : []), ["reference", refUrl]];
+  for (const [name, url] of settleTargets) {
     console.error(`settle 200 at once: ${name}...`);
     const bodies = await sign(200);
     const r = await runLoad(`${url}/settle`, bodies, { requests: 200, concurrency: 200, keepBodies: true });
@@ -188,6 +192,9 @@ async function main() {
     `| CPU per verify, ms (facilitator; router) | ${w.cpuPerVerifyMs.ours}; ${w.cpuPerVerifyMs.router} | ${w.cpuPerVerifyMs.reference} | ${w.cpuPerVerifyMs.ratio}× less |`,
     `| settle 200 at once, 1 key: ok / failed, s, ok/s | ${settle.ours1Key!.successes} / ${settle.ours1Key!.failures}, ${settle.ours1Key!.seconds}, ${settle.ours1Key!.throughput} | ${settle.reference!.successes} / ${settle.reference!.failures}, ${settle.reference!.seconds}, ${settle.reference!.throughput} | |`,
     `| settle 200 at once, 4 keys: ok / failed, s, ok/s | ${settle.ours4Keys!.successes} / ${settle.ours4Keys!.failures}, ${settle.ours4Keys!.seconds}, ${settle.ours4Keys!.throughput} | (1 key) | ${w.settle200.throughputRatio4KeysVsReference}× |`,
+    ...(settle.ours4KeysPostgres
+      ? [`| settle 200 at once, 4 keys on PostgreSQL: ok / failed, s, ok/s | ${settle.ours4KeysPostgres.successes} / ${settle.ours4KeysPostgres.failures}, ${settle.ours4KeysPostgres.seconds}, ${settle.ours4KeysPostgres.throughput} | (1 key) | ${ratio(settle.ours4KeysPostgres.throughput, settle.reference!.throughput)}× |`]
+      : []),
     `| reference settle failure reasons | | ${JSON.stringify(settle.reference!.reasons)} | |`,
     `| steady-state RSS MB (facilitator; router) | ${memory.facilitatorRssMb}; ${memory.routerRssMb} | ${memory.referenceRssMb} | |`,
   ].join("\n");
