@@ -10,16 +10,8 @@ import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { createHubClient } from "../services/hub/client.ts";
 import { startTestDevnet } from "./helpers/devnet.ts";
 import { JSON_TYPE, send, signedHeaders } from "./helpers/hub.ts";
+import { until } from "./helpers/wait.ts";
 
-async function until<T>(fn: () => Promise<T | undefined> | T | undefined, what: string, ms = 60_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await fn();
-    if (v !== undefined) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
 
 describe("the devnet's hub", () => {
   it("starts with the devnet, is in devnet.json as hubUrl, shares the devnet's store, and stops with it", async () => {

@@ -15,6 +15,7 @@ import { startFacilitatorService } from "../services/facilitator/service.ts";
 import { parseSignerKeys, resolveFacilitatorConfig } from "../services/facilitator/config.ts";
 import { startAnvil } from "../services/devnet/anvil.ts";
 import type { RunningDevnet } from "../services/devnet/devnet.ts";
+import { until } from "./helpers/wait.ts";
 
 const silent = pino({ level: "silent" });
 let devnet: RunningDevnet;
@@ -28,15 +29,6 @@ afterAll(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-async function until<T>(fn: () => Promise<T | undefined>, what: string, ms = 10_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await fn();
-    if (v !== undefined) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
 
 describe("router routing table", () => {
   it("serves a network added to the table file without a restart, and keeps the last good table on a broken file", async () => {

@@ -18,31 +18,22 @@ export const eip3009Payload = z.object({
   }),
 });
 
-const permitted = z.object({ token: hexAddress, amount: uintString });
+/** A Permit2 PermitWitnessTransferFrom as the x402 proxies take it; the witness differs by scheme. */
+const permit2Payload = <W extends z.ZodRawShape>(witness: W) =>
+  z.object({
+    signature,
+    permit2Authorization: z.object({
+      from: hexAddress,
+      permitted: z.object({ token: hexAddress, amount: uintString }),
+      spender: hexAddress,
+      nonce: uintString,
+      deadline: uintString,
+      witness: z.object({ to: hexAddress, ...witness, validAfter: uintString }),
+    }),
+  });
 
-export const exactPermit2Payload = z.object({
-  signature,
-  permit2Authorization: z.object({
-    from: hexAddress,
-    permitted,
-    spender: hexAddress,
-    nonce: uintString,
-    deadline: uintString,
-    witness: z.object({ to: hexAddress, validAfter: uintString }),
-  }),
-});
-
-export const uptoPayload = z.object({
-  signature,
-  permit2Authorization: z.object({
-    from: hexAddress,
-    permitted,
-    spender: hexAddress,
-    nonce: uintString,
-    deadline: uintString,
-    witness: z.object({ to: hexAddress, facilitator: hexAddress, validAfter: uintString }),
-  }),
-});
+export const exactPermit2Payload = permit2Payload({});
+export const uptoPayload = permit2Payload({ facilitator: hexAddress });
 
 const batchPayload = z.object({ type: z.enum(["deposit", "voucher", "claim", "settle", "refund"]) }).passthrough();
 
