@@ -2,6 +2,7 @@
 // short timeouts, a metric and a span for every RPC round trip, and a chain-id check before
 // anything is served. Endpoints are named by host only: provider URLs often embed API keys.
 import { SpanKind } from "@opentelemetry/api";
+import { Pool } from "undici";
 import { createPublicClient, defineChain, fallback, http, type Chain, type PublicClient } from "viem";
 import { endpointName } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
@@ -34,8 +35,34 @@ function rpcMethodOf(body: unknown): string {
   }
 }
 
-/** A fetch that records each JSON-RPC round trip as a metric and a client span. */
-function instrumentedFetch(network: string, endpoint: string, metrics?: Metrics): typeof fetch {
+/**
+ * A fetch for one RPC endpoint over an undici keep-alive pool. Node's WHATWG fetch costs about
+ * 0.7 ms of CPU per JSON-RPC call here, a pool request about 0.2 ms; viem reads only status,
+ * headers and text, so a minimal response object is all it needs.
+ */
+function pooledFetch(url: string): typeof fetch {
+  const target = new URL(url);
+  const pool = new Pool(target.origin, { connections: 32, keepAliveTimeout: 30_000 });
+  const path = `${target.pathname}${target.search}`;
+  return (async (_input: unknown, init?: RequestInit) => {
+    const res = await pool.request({
+      path,
+      method: "POST",
+      headers: (init?.headers ?? {}) as Record<string, string>,
+      body: init?.body as string,
+      signal: init?.signal ?? undefined,
+    });
+    const text = await res.body.text();
+    const header = (name: string) => {
+      const v = res.headers[name.toLowerCase()];
+      return Array.isArray(v) ? v.join(", ") : (v ?? null);
+    };
+    return { ok: res.statusCode >= 200 && res.statusCode < 300, status: res.statusCode, statusText: "", headers: { get: header }, body: null, text: async () => text, json: async () => JSON.parse(text) };
+  }) as unknown as typeof fetch;
+}
+
+/** Records each JSON-RPC round trip as a metric and a client span. */
+function instrumentedFetch(network: string, endpoint: string, fetch: typeof globalThis.fetch, metrics?: Metrics): typeof globalThis.fetch {
   return (input, init) => {
     const method = rpcMethodOf(init?.body);
     return withSpan(`rpc ${method}`, { "rpc.system": "jsonrpc", "rpc.method": method, "x402.network": network, "x402.rpc.endpoint": endpoint }, async () => {
@@ -47,10 +74,10 @@ function instrumentedFetch(network: string, endpoint: string, metrics?: Metrics)
           result = `http_${res.status}`;
           return res;
         }
-        // Read the body once (cheaper than clone()'s stream tee) to tell JSON-RPC errors apart.
+        // The pooled response holds its text already: look for a JSON-RPC error without parsing.
         const text = await res.text();
         result = text.includes('"error"') ? "rpc_error" : "ok";
-        return new Response(text, { status: res.status, statusText: res.statusText, headers: res.headers });
+        return res;
       } finally {
         end?.();
         metrics?.rpcRequests.inc({ network, endpoint, method, result });
@@ -69,7 +96,7 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
     rpcUrls: { default: { http: [] } },
   });
   const transports = opts.rpcUrls.map((url) =>
-    http(url, { timeout: opts.rpcTimeoutMs ?? 10_000, retryCount: 1, fetchFn: instrumentedFetch(network, endpointName(url), opts.metrics) }),
+    http(url, { timeout: opts.rpcTimeoutMs ?? 10_000, retryCount: 1, fetchFn: instrumentedFetch(network, endpointName(url), pooledFetch(url), opts.metrics) }),
   );
   const client = createPublicClient({
     chain,
