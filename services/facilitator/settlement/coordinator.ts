@@ -90,7 +90,13 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
 
   /** This caller holds the claim: run the mechanism, then record what happened. */
   async function execute(job: SettleJob, paymentId: string, payer: string | null, deadline: number): Promise<SettleResponse> {
-    const result = await settlementContext.run({ paymentId, signer: job.signer }, job.run);
+    let result: SettleResponse;
+    try {
+      result = await settlementContext.run({ paymentId, signer: job.signer }, job.run);
+    } catch (e) {
+      await store.release(paymentId); // a no-op when a transaction exists: that one is still driven to its end
+      throw e;
+    }
     const txs = await store.outboxForPayment(paymentId);
     if (txs.length === 0) {
       if (result.success) {
