@@ -6,7 +6,7 @@
 // reference mechanism decides.
 import { startAssetContractCheck, authorizationTypes, eip3009ABI } from "@x402/evm";
 import type { PaymentPayload, PaymentRequirements, VerifyResponse } from "@x402/core/types";
-import { encodeFunctionData, getAddress, hashTypedData, isAddressEqual, parseSignature, type Address, type Hex } from "viem";
+import { concat, encodeFunctionData, getAddress, getTypesForEIP712Domain, hashDomain, hashStruct, isAddressEqual, keccak256, parseSignature, type Address, type Hex } from "viem";
 import { MULTICALL3_ADDRESS, chainIdOf } from "../x402/networks.ts";
 import type { ChainClient } from "./chain.ts";
 import { recoverSigner } from "./crypto/ecrecover.ts";
@@ -41,6 +41,18 @@ interface Eip3009Authorization {
 
 export function createFastExactVerifier(opts: { chain: ChainClient; signer: OutboxSigner }) {
   const { chain, signer } = opts;
+  // A token's EIP-712 domain separator never changes: hash it once (half of the typed-data cost).
+  const domainSeparators = new Map<string, Hex>();
+  function domainSeparator(domain: { name: string; version: string; chainId: number; verifyingContract: Address }): Hex {
+    const key = `${domain.name}\0${domain.version}\0${domain.chainId}\0${domain.verifyingContract}`;
+    let separator = domainSeparators.get(key);
+    if (!separator) {
+      separator = hashDomain({ domain, types: { EIP712Domain: getTypesForEIP712Domain({ domain }) } as Parameters<typeof hashDomain>[0]["types"] });
+      if (domainSeparators.size > 10_000) domainSeparators.clear();
+      domainSeparators.set(key, separator);
+    }
+    return separator;
+  }
 
   async function diagnose(asset: Address, auth: Eip3009Authorization, requirements: PaymentRequirements, payer: Address): Promise<VerifyResponse> {
     try {
@@ -86,12 +98,9 @@ export function createFastExactVerifier(opts: { chain: ChainClient; signer: Outb
     }
     let digest: Hex;
     try {
-      digest = hashTypedData({
-        domain: { name, version, chainId: chainIdOf(requirements.network), verifyingContract: asset },
-        types: authorizationTypes,
-        primaryType: "TransferWithAuthorization",
-        message: { from: auth.from, to: auth.to, value: BigInt(auth.value), validAfter: BigInt(auth.validAfter), validBefore: BigInt(auth.validBefore), nonce: auth.nonce },
-      });
+      const message = { from: auth.from, to: auth.to, value: BigInt(auth.value), validAfter: BigInt(auth.validAfter), validBefore: BigInt(auth.validBefore), nonce: auth.nonce };
+      const struct = hashStruct({ data: message, primaryType: "TransferWithAuthorization", types: authorizationTypes });
+      digest = keccak256(concat(["0x1901", domainSeparator({ name, version, chainId: chainIdOf(requirements.network), verifyingContract: asset }), struct]));
     } catch {
       return { isValid: false, invalidReason: R.signature, payer };
     }
