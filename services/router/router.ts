@@ -3,7 +3,7 @@
 import { Pool } from "undici";
 import type { SupportedResponse } from "@x402/core/types";
 import { RequestError } from "../x402/errors.ts";
-import { normalizeRequest, pairKey } from "../x402/wire.ts";
+import { pairKey, routeOf } from "../x402/wire.ts";
 import type { ContractHandlers, HandlerResult } from "../platform/http.ts";
 import type { Logger } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
@@ -59,8 +59,9 @@ export function createRouter(opts: RouterOptions): Router {
   }
 
   async function forward(action: "verify" | "settle", body: unknown): Promise<HandlerResult> {
-    const request = normalizeRequest(body);
-    const { scheme, network } = request.paymentRequirements;
+    // Only what routing needs is checked here; the chain's facilitator validates and normalises the
+    // rest (it is callable on its own, so it must), and its 400s come back unchanged.
+    const { scheme, network } = routeOf(body);
     const route = routes.get(pairKey(scheme, network));
     if (!route) {
       const registered = [...routes.keys()];
@@ -76,7 +77,7 @@ export function createRouter(opts: RouterOptions): Router {
         method: "POST",
         path: `${route.basePath}/${action}`,
         headers: { "content-type": "application/json", ...traceHeaders() },
-        body: JSON.stringify(request),
+        body: JSON.stringify(body),
         headersTimeout: timeout,
         bodyTimeout: timeout,
       });

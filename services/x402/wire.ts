@@ -97,7 +97,8 @@ function toRequirements(req: RawRequirements, where: string): PaymentRequirement
  * Validates a /verify or /settle body and returns the internal form.
  * Throws RequestError (HTTP 400) for anything malformed.
  */
-export function normalizeRequest(body: unknown): FacilitatorRequest {
+/** The envelope checks both the router and the facilitator make: objects present, version 2 inside the payload. */
+function checkEnvelope(body: unknown): { envelope: Record<string, unknown>; rawPayload: Record<string, unknown>; rawRequirements: Record<string, unknown> } {
   if (typeof body !== "object" || body === null || Array.isArray(body)) {
     throw new RequestError("invalid_request", "body must be a JSON object with paymentPayload and paymentRequirements");
   }
@@ -106,7 +107,8 @@ export function normalizeRequest(body: unknown): FacilitatorRequest {
   if (typeof rawPayload !== "object" || rawPayload === null || Array.isArray(rawPayload)) {
     throw new RequestError("invalid_request", "paymentPayload is required and must be an object");
   }
-  if (typeof envelope.paymentRequirements !== "object" || envelope.paymentRequirements === null || Array.isArray(envelope.paymentRequirements)) {
+  const rawRequirements = envelope.paymentRequirements;
+  if (typeof rawRequirements !== "object" || rawRequirements === null || Array.isArray(rawRequirements)) {
     throw new RequestError("invalid_request", "paymentRequirements is required and must be an object");
   }
   const version = (rawPayload as Record<string, unknown>).x402Version;
@@ -117,6 +119,22 @@ export function normalizeRequest(body: unknown): FacilitatorRequest {
   if (version !== 2) {
     throw new RequestError("unsupported_version", `paymentPayload.x402Version ${JSON.stringify(version)} is not served; this facilitator speaks x402 version 2`);
   }
+  return { envelope, rawPayload: rawPayload as Record<string, unknown>, rawRequirements: rawRequirements as Record<string, unknown> };
+}
+
+const routeSchema = z.object({ scheme, network });
+
+/**
+ * What the router needs to dispatch: the envelope checks and the (scheme, network) pair. The
+ * facilitator that receives the request normalises and validates the rest, with the same errors.
+ */
+export function routeOf(body: unknown): { scheme: string; network: string } {
+  const { rawRequirements } = checkEnvelope(body);
+  return parseOrThrow(routeSchema, { scheme: rawRequirements.scheme, network: rawRequirements.network }, "paymentRequirements");
+}
+
+export function normalizeRequest(body: unknown): FacilitatorRequest {
+  const { envelope, rawPayload } = checkEnvelope(body);
   const payload = parseOrThrow(payloadSchema, rawPayload, "paymentPayload");
   const requirements = toRequirements(parseOrThrow(requirementsSchema, envelope.paymentRequirements, "paymentRequirements"), "paymentRequirements");
 
