@@ -3,6 +3,7 @@
 // the events of its state changes, and the router's aggregated routing table. No I/O here.
 import { createHash } from "node:crypto";
 import type { RoutingTable } from "../services/router/routing-table.ts";
+import { extensionsFor } from "../services/x402/extensions.ts";
 import {
   ADMIN_PORT,
   ANNOTATION_SECRETS_HASH,
@@ -502,6 +503,7 @@ export function buildRoutingTable(fns: readonly FacilitatorNetwork[], clusterDom
       url: serviceUrl(fn, clusterDomain),
       kinds: fn.status.kinds.map((k) => ({ ...k, network: fn.spec.network as `${string}:${string}` })),
       signers: [...(fn.status.signers ?? [])],
+      extensions: extensionsFor(fn.status.kinds.map((k) => k.scheme)),
     });
   }
   backends.sort((a, b) => chainIdOfNetwork(a.network) - chainIdOfNetwork(b.network));

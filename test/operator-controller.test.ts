@@ -148,7 +148,7 @@ describe("the operator against the API emulation", () => {
       expect(statusOwner.metadata.managedFields).toContainEqual(expect.objectContaining({ manager: FIELD_MANAGER, subresource: "status" }));
 
       const table = await routingTable(c);
-      expect(table.backends).toEqual([{ network: "eip155:8453", url: fn.status!.url, kinds: fn.status!.kinds, signers: fn.status!.signers }]);
+      expect(table.backends).toEqual([{ network: "eip155:8453", url: fn.status!.url, kinds: fn.status!.kinds, signers: fn.status!.signers, extensions: ["eip2612GasSponsoring"] }]);
       const events = await c.eventsFor(NS, "base");
       expect(events).toContainEqual(expect.objectContaining({ type: "Normal", reason: "Ready", reportingInstance: "op-0" }));
 

@@ -70,6 +70,7 @@ describe("service contract: paths and methods", () => {
       if (k.scheme === "upto") expect(k.extra).toEqual({ facilitatorAddress: signer });
       else expect(k.extra).toBeUndefined(); // extra only for upto (no receiverAuthorizer unless configured)
     }
+    expect(r.json.extensions).toEqual(["eip2612GasSponsoring"]);
     const signers = (r.json.signers as Record<string, string[]>)["eip155:*"];
     expect(signers).toEqual(expect.arrayContaining(devnet.info.networks.flatMap((n) => n.signers)));
   });

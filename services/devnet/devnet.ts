@@ -139,6 +139,7 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
         url: facilitator.url,
         kinds: facilitator.facilitator.supported().kinds,
         signers: facilitator.signers,
+        extensions: facilitator.facilitator.supported().extensions,
       })),
     };
     const routingTablePath = join(stateDir, "routing.json");

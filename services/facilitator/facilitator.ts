@@ -8,6 +8,7 @@ import { BatchSettlementEvmScheme } from "@x402/evm/batch-settlement/facilitator
 import { getAddress, type Address, type PrivateKeyAccount } from "viem";
 import { RequestError } from "../x402/errors.ts";
 import type { AssetInfo, Caip2 } from "../x402/networks.ts";
+import { extensionsFor } from "../x402/extensions.ts";
 import { checkSchemePayload } from "../x402/payloads.ts";
 import { normalizeRequest, pairKey, type Scheme } from "../x402/wire.ts";
 import type { Logger } from "../platform/logger.ts";
@@ -55,7 +56,8 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       core.register(opts.network, new BatchSettlementEvmScheme(asCaller(opts.signer, opts.uptoFacilitatorAddress), authorizer as never));
     }
   }
-  const supported = core.getSupported() as SupportedResponse;
+  // EIP-2612 gas sponsoring rides in payload extensions and is handled by the exact Permit2 mechanism.
+  const supported = { ...(core.getSupported() as SupportedResponse), extensions: extensionsFor(opts.schemes) };
   const fastExact = createFastExactVerifier({ chain: opts.chain, signer: opts.signer });
   const pairs = supported.kinds.map((k) => pairKey(k.scheme, k.network));
   const domainByAsset = new Map(opts.assets.filter((a) => a.eip712).map((a) => [getAddress(a.address), a.eip712!]));

@@ -53,7 +53,7 @@ export function createRouter(opts: RouterOptions): Router {
     const signers = [...new Set(table.backends.flatMap((b) => b.signers))];
     supported = {
       kinds: table.backends.flatMap((b) => b.kinds),
-      extensions: [],
+      extensions: [...new Set(table.backends.flatMap((b) => b.extensions))],
       signers: signers.length ? { "eip155:*": signers } : {},
     };
   }

@@ -21,6 +21,7 @@ const tableSchema = z.object({
       url: z.string().url(),
       kinds: z.array(kind),
       signers: z.array(z.string()).default([]),
+      extensions: z.array(z.string()).default([]),
     }),
   ),
 });
