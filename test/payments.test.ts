@@ -1,7 +1,10 @@
 // Real payments through the router on every devnet network, and the reference failure reasons.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { generatePrivateKey } from "viem/accounts";
-import type { Address } from "viem";
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
+import { createPublicClient, http, type Address } from "viem";
+import type { PaymentRequirements } from "@x402/core/types";
+import { toClientEvmSigner } from "@x402/evm";
+import { ExactEvmScheme as ExactEvmClient } from "@x402/evm/exact/client";
 import { startTestDevnet } from "./helpers/devnet.ts";
 import { balanceOf, receiptStatus } from "./helpers/chain.ts";
 import { postJson, serviceShape, signEip3009, signPermit2, standardShape, type PaymentSpec } from "./helpers/payments.ts";
@@ -62,6 +65,24 @@ describe("exact Permit2", () => {
     const st = await router("settle", body);
     expect(st.json).toMatchObject({ success: true, network: "eip155:56" });
     expect(await balanceOf(net("eip155:56").rpcUrl, s.asset.address, s.payTo)).toBe(before + s.amount);
+  });
+});
+
+describe("exact Permit2 with EIP-2612 gas sponsoring (advertised in /supported)", () => {
+  it("a payer with no Permit2 allowance pays USDC on eip155:8453 through the router", async () => {
+    const n = net("eip155:8453");
+    const usdc = n.assets[0]!;
+    const payer = privateKeyToAccount(devnet.info.payers[1]!.privateKey);
+    expect(devnet.info.payers[1]!.permit2Approved).toBe(false);
+    const req = { scheme: "exact", network: n.network, asset: usdc.address, amount: "25000", payTo: devnet.info.receivers[0]!.address, maxTimeoutSeconds: 60, extra: { ...usdc.eip712, assetTransferMethod: "permit2" } } as PaymentRequirements;
+    const client = new ExactEvmClient(toClientEvmSigner(payer, createPublicClient({ transport: http(n.rpcUrl) })));
+    const created = await client.createPaymentPayload(2, req, { extensions: { eip2612GasSponsoring: {} } } as never);
+    expect(created.extensions).toHaveProperty("eip2612GasSponsoring");
+    const body = { x402Version: 2, paymentPayload: { ...created, accepted: req }, paymentRequirements: req };
+    const before = await balanceOf(n.rpcUrl, usdc.address, req.payTo as Address);
+    expect((await router("verify", body)).json).toEqual({ isValid: true, payer: payer.address });
+    expect((await router("settle", body)).json).toMatchObject({ success: true, network: n.network });
+    expect(await balanceOf(n.rpcUrl, usdc.address, req.payTo as Address)).toBe(before + 25_000n);
   });
 });
 
