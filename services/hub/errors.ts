@@ -1,5 +1,6 @@
 // The hub's request errors: proper status codes and the contract's body `{"error": "<code>: <detail>"}`
 // (the original answered a non-standard 599 with `{"Type":"hub","Message":...}`).
+import { CodedError } from "../platform/errors.ts";
 
 export type HubErrorCode =
   | "invalid_json"
@@ -34,19 +35,8 @@ const STATUS: Record<HubErrorCode, number> = {
   internal_error: 500,
 };
 
-export class HubError extends Error {
-  readonly status: number;
-  constructor(
-    readonly code: HubErrorCode,
-    readonly detail: string,
-    /** Extra response headers, e.g. Retry-After on 429. */
-    readonly headers: Record<string, string> = {},
-  ) {
-    super(`${code}: ${detail}`);
-    this.status = STATUS[code];
-  }
-
-  body(): { error: string } {
-    return { error: this.message };
+export class HubError extends CodedError<HubErrorCode> {
+  constructor(code: HubErrorCode, detail: string, headers: Record<string, string> = {}) {
+    super(code, detail, STATUS[code], headers);
   }
 }

@@ -1,6 +1,7 @@
 // The wallet service's request errors: a status and the project's body `{"error": "<code>: <detail>"}`.
 // Policy refusals are errors too (403 with the rule that refused), and nothing is signed when one is
 // raised. Details never quote a key, a data key or a credential.
+import { CodedError } from "../platform/errors.ts";
 
 export type WalletErrorCode =
   // the request
@@ -94,19 +95,8 @@ export const REFUSAL_CODES: ReadonlySet<WalletErrorCode> = new Set<WalletErrorCo
   "permit2_allowance_required",
 ]);
 
-export class WalletError extends Error {
-  readonly status: number;
-  constructor(
-    readonly code: WalletErrorCode,
-    readonly detail: string,
-    /** Extra response headers (Allow on 405, WWW-Authenticate on 401). */
-    readonly headers: Record<string, string> = {},
-  ) {
-    super(`${code}: ${detail}`);
-    this.status = STATUS[code];
-  }
-
-  body(): { error: string } {
-    return { error: this.message };
+export class WalletError extends CodedError<WalletErrorCode> {
+  constructor(code: WalletErrorCode, detail: string, headers: Record<string, string> = {}) {
+    super(code, detail, STATUS[code], headers);
   }
 }

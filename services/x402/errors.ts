@@ -1,5 +1,6 @@
 // Request-level errors: the contract's HTTP error body `{"error": "<code>: <detail>"}`.
 // Payment-level outcomes are not errors: they are 200 responses with x402 reason codes.
+import { CodedError } from "../platform/errors.ts";
 
 export type RequestErrorCode =
   | "invalid_json"
@@ -36,17 +37,8 @@ const STATUS: Record<RequestErrorCode, number> = {
   internal_error: 500,
 };
 
-export class RequestError extends Error {
-  readonly status: number;
-  constructor(
-    readonly code: RequestErrorCode,
-    readonly detail: string,
-  ) {
-    super(`${code}: ${detail}`);
-    this.status = STATUS[code];
-  }
-
-  body(): { error: string } {
-    return { error: this.message };
+export class RequestError extends CodedError<RequestErrorCode> {
+  constructor(code: RequestErrorCode, detail: string) {
+    super(code, detail, STATUS[code]);
   }
 }
