@@ -65,6 +65,23 @@ const RESPONSE_SCHEMAS = {
   },
 } as const;
 
+/**
+ * One JSON parser for any content type: callers differ in what they send, the body is JSON either
+ * way. An empty body parses as undefined; anything else that is not JSON fails with `invalid`.
+ */
+export function acceptJsonBodies(app: FastifyInstance, bodyLimit: number, invalid: (detail: string) => Error): void {
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser("*", { parseAs: "string", bodyLimit }, (_req, body, done) => {
+    const text = typeof body === "string" ? body : body.toString("utf8");
+    if (text.trim() === "") return done(null, undefined);
+    try {
+      done(null, JSON.parse(text));
+    } catch (e) {
+      done(invalid(`the body is not valid JSON (${(e as Error).message})`), undefined);
+    }
+  });
+}
+
 function sendError(reply: FastifyReply, err: RequestError, headers: Record<string, string> = {}) {
   return reply.code(err.status).headers(headers).type("application/json").send(err.body());
 }
@@ -92,17 +109,7 @@ export function createContractApp(opts: ContractAppOptions): FastifyInstance {
   const bodyLimit = opts.bodyLimit ?? DEFAULT_BODY_LIMIT;
   const app = Fastify({ loggerInstance: opts.logger as FastifyBaseLogger, bodyLimit, return503OnClosing: true });
 
-  // One JSON parser for any content type: callers differ in what they send, the body is JSON either way.
-  app.removeAllContentTypeParsers();
-  app.addContentTypeParser("*", { parseAs: "string", bodyLimit }, (_req, body, done) => {
-    const text = typeof body === "string" ? body : body.toString("utf8");
-    if (text.trim() === "") return done(null, undefined);
-    try {
-      done(null, JSON.parse(text));
-    } catch (e) {
-      done(new RequestError("invalid_json", `the body is not valid JSON (${(e as Error).message})`), undefined);
-    }
-  });
+  acceptJsonBodies(app, bodyLimit, (detail) => new RequestError("invalid_json", detail));
 
   app.setErrorHandler((error, request, reply) => {
     const known = toRequestError(error);

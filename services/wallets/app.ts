@@ -21,6 +21,7 @@ import type { Rotator } from "./rotation.ts";
 import type { Wallet, WalletStore } from "./store.ts";
 import { createApiKeyBody, createPlatformBody, createWalletBody, parseBody, parseFetchRequest, parseNetworkQuery, parsePage, parsePayRequest, permit2ApprovalBody } from "./wire.ts";
 import type { Caip2 } from "../x402/networks.ts";
+import { acceptJsonBodies } from "../platform/http.ts";
 
 export const DEFAULT_WALLETS_BODY_LIMIT = 2 * 1024 * 1024;
 export const DEFAULT_MAX_AUTHORIZATION_SECONDS = 3600;
@@ -91,16 +92,7 @@ export function createWalletsApp(opts: WalletsAppOptions): FastifyInstance {
 
   const app = Fastify({ loggerInstance: opts.logger as FastifyBaseLogger, bodyLimit, return503OnClosing: true });
 
-  app.removeAllContentTypeParsers();
-  app.addContentTypeParser("*", { parseAs: "string", bodyLimit }, (_req, body, done) => {
-    const text = typeof body === "string" ? body : body.toString("utf8");
-    if (text.trim() === "") return done(null, undefined);
-    try {
-      done(null, JSON.parse(text));
-    } catch (e) {
-      done(new WalletError("invalid_json", `the body is not valid JSON (${(e as Error).message})`), undefined);
-    }
-  });
+  acceptJsonBodies(app, bodyLimit, (detail) => new WalletError("invalid_json", detail));
 
   app.setErrorHandler((error, request, reply) => {
     const known = toWalletError(error);
