@@ -6,6 +6,7 @@
 // bad vouchers and deposits, and a facilitator holding the receiver-authorizer key.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import express from "express";
+import { createHash, randomBytes } from "node:crypto";
 import { writeFile } from "node:fs/promises";
 import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
@@ -87,9 +88,15 @@ async function transactionsBetween(from: bigint, to: bigint): Promise<{ from: Ad
   return txs;
 }
 
+/** The reference facilitator client, sending a bearer token on every call when given one. */
+function facilitatorClient(url: string, token?: string): HTTPFacilitatorClient {
+  const headers: Record<string, string> = token ? { Authorization: `Bearer ${token}` } : {};
+  return new HTTPFacilitatorClient({ url, ...(token ? { createAuthHeaders: async () => ({ verify: headers, settle: headers, supported: headers }) } : {}) });
+}
+
 /** A paid resource: charges what the caller asks for (≤ the price) through the reference settlement override. */
-async function startResourceServer(opts: { facilitatorUrl: string; receiver: Address; scheme: BatchServer }): Promise<string> {
-  const resourceServer = new x402ResourceServer(new HTTPFacilitatorClient({ url: opts.facilitatorUrl })).register(NETWORK, opts.scheme);
+async function startResourceServer(opts: { facilitatorUrl: string; receiver: Address; scheme: BatchServer; token?: string }): Promise<string> {
+  const resourceServer = new x402ResourceServer(facilitatorClient(opts.facilitatorUrl, opts.token)).register(NETWORK, opts.scheme);
   const app = express();
   app.use(
     paymentMiddleware(
@@ -358,7 +365,7 @@ describe("batch-settlement through the reference client and server, against our 
 // ------------------------------------------------------------------ a facilitator holding the receiver-authorizer key
 
 describe("a facilitator configured with a receiver-authorizer key", () => {
-  it("advertises extra.receiverAuthorizer and signs claims and refunds for a server that holds no key", async () => {
+  it("advertises extra.receiverAuthorizer and signs claims and refunds only for the receiver, authenticated by its token", async () => {
     // A fresh signer key (funded for gas) and a receiver-authorizer key in a file, as from a mounted Secret.
     const signerKey = generatePrivateKey();
     const signer = privateKeyToAccount(signerKey).address;
@@ -367,11 +374,17 @@ describe("a facilitator configured with a receiver-authorizer key", () => {
     const auth = privateKeyToAccount(authorizerKey);
     const keyFile = join(devnet.dir, "receiver-authorizer.key");
     await writeFile(keyFile, `${authorizerKey}\n`, { mode: 0o600 });
+    // The receiver's bearer token, registered by its SHA-256 only.
+    const receiver = privateKeyToAccount(generatePrivateKey()).address;
+    const token = randomBytes(32).toString("base64url");
+    const credentialsFile = join(devnet.dir, "receiver-credentials");
+    await writeFile(credentialsFile, `# receiver  sha256(token)\n${receiver} ${createHash("sha256").update(token).digest("hex")}\n`, { mode: 0o600 });
     const config = resolveFacilitatorConfig({
       network: NETWORK,
       rpcUrls: [net.rpcUrl],
       signerKeys: [signerKey],
       receiverAuthorizerKeyFile: keyFile,
+      receiverCredentialsFile: credentialsFile,
       host: "127.0.0.1",
       port: 0,
       dataDir: join(devnet.dir, "authorizer-facilitator"),
@@ -384,10 +397,9 @@ describe("a facilitator configured with a receiver-authorizer key", () => {
     expect(supported.kinds.find((k) => k.scheme === "batch-settlement")).toMatchObject({ network: NETWORK, extra: { receiverAuthorizer: auth.address } });
     expect(supported.kinds.find((k) => k.scheme === "upto")).toMatchObject({ extra: { facilitatorAddress: signer } });
 
-    // The server delegates the receiver-authorizer role: no key of its own.
-    const receiver = privateKeyToAccount(generatePrivateKey()).address;
+    // The server delegates the receiver-authorizer role: no key of its own, only its token.
     const scheme = new BatchServer(receiver, { storage: new InMemoryChannelStorage() });
-    const url = await startResourceServer({ facilitatorUrl: facilitator.url, receiver, scheme });
+    const url = await startResourceServer({ facilitatorUrl: facilitator.url, receiver, scheme, token });
     const accept = decodePaymentRequiredHeader((await fetch(url)).headers.get("payment-required")!).accepts[0]!;
     expect(accept.extra).toMatchObject({ receiverAuthorizer: auth.address });
 
@@ -398,7 +410,13 @@ describe("a facilitator configured with a receiver-authorizer key", () => {
     expect(await channelState(id)).toEqual({ balance: MIN_DEPOSIT, totalClaimed: 0n });
     const nonce0 = await nonceOf(signer);
 
-    const manager = scheme.createChannelManager(new HTTPFacilitatorClient({ url: facilitator.url }), NETWORK, usdc.address);
+    // Without the receiver's token (or with another's), the key signs nothing and nothing is sent.
+    for (const [client, status] of [[facilitatorClient(facilitator.url), "401"], [facilitatorClient(facilitator.url, "not-the-token"), "403"]] as const) {
+      await expect(scheme.createChannelManager(client, NETWORK, usdc.address).claim()).rejects.toThrow(status);
+    }
+    expect(await nonceOf(signer)).toBe(nonce0);
+
+    const manager = scheme.createChannelManager(facilitatorClient(facilitator.url, token), NETWORK, usdc.address);
     const claims = await manager.claim();
     expect(claims).toHaveLength(1);
     const claimHash = claims[0]!.transaction as Hex;

@@ -147,10 +147,15 @@ describe("failure reasons (reference codes)", () => {
     expect(await verifyReason(serviceShape(s, await signPermit2(s)))).toBe("permit2_allowance_required");
   });
 
-  it("unsupported asset contract (no code at the asset address)", async () => {
+  it("an asset the facilitator does not accept (here no contract at all) is refused before any mechanism runs", async () => {
     const s = spec(N, "eip3009");
     const ghost = { ...s, asset: { ...s.asset, address: "0x00000000000000000000000000000000000b0b0b" as Address } };
-    expect(await verifyReason(standardShape(ghost, await signEip3009(ghost)))).toBe("asset_not_deployed_contract");
+    const body = standardShape(ghost, await signEip3009(ghost));
+    for (const action of ["verify", "settle"]) {
+      const r = await router(action, body);
+      expect(r.status).toBe(400);
+      expect(r.json.error).toMatch(/^unsupported_asset: 0x00000000000000000000000000000000000b0B0b is not accepted on eip155:/);
+    }
   });
 
   it("a payload for another network than the requirements is refused at payment level", async () => {

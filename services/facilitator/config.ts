@@ -33,6 +33,8 @@ export interface FacilitatorConfig {
   uptoFacilitatorAddress: `0x${string}`;
   /** batch-settlement receiver-authorizer key; unset: servers sign their own claims and refunds. */
   receiverAuthorizerKey?: `0x${string}`;
+  /** Receivers the authorizer key signs for: `<address> <sha256 of token>` lines (receiver-auth.ts). */
+  receiverCredentialsFile?: string;
   /** When set, only these token contracts are accepted (checksummed). */
   allowedAssets?: `0x${string}`[];
 }
@@ -53,6 +55,7 @@ const fileSchema = z
     replaceAfterMs: z.number().int().positive(),
     uptoFacilitatorAddress: z.string().regex(/^0x[0-9a-fA-F]{40}$/),
     receiverAuthorizerKeyFile: z.string(),
+    receiverCredentialsFile: z.string(),
     allowedAssets: z.array(z.string().regex(/^0x[0-9a-fA-F]{40}$/, "expected a 0x-prefixed 20-byte hex address")),
     schemes: z.array(z.enum(SCHEMES)).min(1),
     host: z.string(),
@@ -104,6 +107,7 @@ export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorCon
     replaceAfterMs: env.X402_REPLACE_AFTER_MS ? Number(env.X402_REPLACE_AFTER_MS) : undefined,
     uptoFacilitatorAddress: env.X402_UPTO_FACILITATOR_ADDRESS,
     receiverAuthorizerKeyFile: env.X402_RECEIVER_AUTHORIZER_KEY_FILE,
+    receiverCredentialsFile: env.X402_RECEIVER_CREDENTIALS_FILE,
     allowedAssets: list(env.X402_ASSETS),
     schemes: list(env.X402_SCHEMES) as Scheme[] | undefined,
     host: env.HOST,
@@ -164,6 +168,7 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
     replaceAfterMs: c.replaceAfterMs ?? 15_000,
     uptoFacilitatorAddress,
     receiverAuthorizerKey,
+    receiverCredentialsFile: c.receiverCredentialsFile,
     allowedAssets: c.allowedAssets?.map((a) => getAddress(a)),
     assets: (c.assets as AssetInfo[] | undefined) ?? networkInfo(c.network)?.assets ?? [],
   };

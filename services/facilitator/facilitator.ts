@@ -11,12 +11,14 @@ import type { AssetInfo, Caip2 } from "../x402/networks.ts";
 import { extensionsFor } from "../x402/extensions.ts";
 import { checkSchemePayload } from "../x402/payloads.ts";
 import { normalizeRequest, pairKey, type Scheme } from "../x402/wire.ts";
+import type { CallerHeaders } from "../platform/http.ts";
 import type { Logger } from "../platform/logger.ts";
 import { reasonLabel, type Metrics } from "../platform/metrics.ts";
 import { withSpan } from "../platform/tracing.ts";
 import type { ChainClient } from "./chain.ts";
 import { createFastExactVerifier } from "./fast-exact.ts";
-import type { SettlementCoordinator } from "./settlement/coordinator.ts";
+import { authenticateReceivers, receiversNeedingAuthorizer, type ReceiverCredentials } from "./receiver-auth.ts";
+import type { SettleJob, SettlementCoordinator } from "./settlement/coordinator.ts";
 import type { OutboxSigner } from "./settlement/outbox-signer.ts";
 
 export interface FacilitatorOptions {
@@ -33,13 +35,15 @@ export interface FacilitatorOptions {
   uptoFacilitatorAddress: Address;
   /** batch-settlement: the receiver-authorizer key; when set, advertised as extra.receiverAuthorizer. */
   receiverAuthorizer?: PrivateKeyAccount;
-  /** When set, only these token contracts are accepted. */
+  /** Bearer-token digests of the receivers the receiver-authorizer key signs claims and refunds for. */
+  receiverCredentials?: ReceiverCredentials;
+  /** The token contracts accepted; unset: the known assets of this network (`assets`). */
   allowedAssets?: Address[];
 }
 
 export interface Facilitator {
   verify(body: unknown): Promise<VerifyResponse>;
-  settle(body: unknown): Promise<SettleResponse>;
+  settle(body: unknown, caller?: CallerHeaders): Promise<SettleResponse>;
   supported(): SupportedResponse;
   pairs(): string[];
 }
@@ -61,6 +65,14 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
   const fastExact = createFastExactVerifier({ chain: opts.chain, signer: opts.signer });
   const pairs = supported.kinds.map((k) => pairKey(k.scheme, k.network));
   const domainByAsset = new Map(opts.assets.filter((a) => a.eip712).map((a) => [getAddress(a.address), a.eip712!]));
+  // Gas is spent only on tokens we know: an attacker's own token could burn any amount in its transfer.
+  const accepted = new Set(opts.allowedAssets ?? opts.assets.map((a) => getAddress(a.address)));
+  function checkAsset(asset: string, where: string) {
+    const address = getAddress(asset);
+    if (!accepted.has(address)) {
+      throw new RequestError("unsupported_asset", `${where} ${address} is not accepted on ${opts.network}; accepted assets: ${[...accepted].join(", ") || "(none)"}`);
+    }
+  }
 
   function prepare(body: unknown): { payload: PaymentPayload; requirements: PaymentRequirements } {
     const request = normalizeRequest(body);
@@ -71,10 +83,9 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
         `${pairKey(requirements.scheme, requirements.network)} is not served here; registered pairs: ${pairs.join(", ")}`,
       );
     }
-    if (opts.allowedAssets && !opts.allowedAssets.includes(getAddress(requirements.asset))) {
-      throw new RequestError("unsupported_asset", `${getAddress(requirements.asset)} is not accepted on ${opts.network}; accepted assets: ${opts.allowedAssets.join(", ")}`);
-    }
+    checkAsset(requirements.asset, "asset");
     checkSchemePayload(requirements.scheme, payload.payload);
+    for (const token of tokensInside(payload.payload)) checkAsset(token, "token");
     const domain = domainByAsset.get(getAddress(requirements.asset));
     if (domain && (requirements.extra.name === undefined || requirements.extra.version === undefined)) {
       const extra = { name: domain.name, version: domain.version, ...requirements.extra };
@@ -94,8 +105,11 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       const response = await withSpan("facilitator.verify", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: VerifyResponse;
         try {
-          const fast = requirements.scheme === "exact" ? await fastExact.verify(payload, requirements) : undefined;
-          r = scrub(fast ?? (await core.verify(payload, requirements)));
+          const worthless = worthlessReason(payload, requirements, "verify");
+          const fast = worthless || requirements.scheme !== "exact" ? undefined : await fastExact.verify(payload, requirements);
+          r = worthless
+            ? { isValid: false, invalidReason: "invalid_payment_requirements", invalidMessage: worthless, payer: payerOf(payload) }
+            : scrub(fast ?? (await core.verify(payload, requirements)));
         } catch (e) {
           opts.logger.warn({ err: errorSummary(e), scheme: requirements.scheme }, "verify failed unexpectedly");
           r = { isValid: false, invalidReason: "unexpected_verify_error", invalidMessage: conciseMessage(e) };
@@ -108,14 +122,20 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       return response;
     },
 
-    async settle(body) {
+    async settle(body, caller = {}) {
       const { payload, requirements } = prepare(body);
+      if (opts.receiverAuthorizer && requirements.scheme === "batch-settlement") {
+        authenticateReceivers(receiversNeedingAuthorizer(payload.payload, opts.receiverAuthorizer.address), caller.authorization, opts.receiverCredentials);
+      }
       const labels = { network: opts.network, scheme: requirements.scheme };
       const end = opts.metrics.settleDuration.startTimer(labels);
       const response = await withSpan("facilitator.settle", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: SettleResponse;
         try {
-          r = scrub(await opts.coordinator.settle({ ...settleJobOf(payload, requirements), run: () => core.settle(payload, requirements) }));
+          const worthless = worthlessReason(payload, requirements, "settle");
+          r = worthless
+            ? { success: false, errorReason: "invalid_payment_requirements", errorMessage: worthless, transaction: "", network: requirements.network, ...(payerOf(payload) ? { payer: payerOf(payload) } : {}) }
+            : scrub(await opts.coordinator.settle({ ...settleJobOf(payload, requirements), run: () => core.settle(payload, requirements) }));
         } catch (e) {
           opts.logger.warn({ err: errorSummary(e), scheme: requirements.scheme }, "settle failed unexpectedly");
           r = { success: false, errorReason: "unexpected_settle_error", errorMessage: conciseMessage(e), transaction: "", network: requirements.network };
@@ -143,16 +163,77 @@ function asCaller(signer: OutboxSigner, address: Address): OutboxSigner {
   };
 }
 
-/** How a settlement is identified and sent, by scheme and payload type. */
-function settleJobOf(payload: PaymentPayload, requirements: PaymentRequirements) {
-  const inner = payload.payload as { type?: string; permit2Authorization?: { witness?: { facilitator?: string } } };
+/** How a settlement is identified, reserved and sent, by scheme and payload type. */
+function settleJobOf(payload: PaymentPayload, requirements: PaymentRequirements): Omit<SettleJob, "run"> {
+  const inner = payload.payload as BatchPayloadFields & { authorization?: { from?: string }; permit2Authorization?: { from?: string; witness?: { facilitator?: string } } };
+  const asset = getAddress(requirements.asset);
+  const amount = BigInt(requirements.amount);
   if (requirements.scheme === "upto") {
     const named = inner.permit2Authorization?.witness?.facilitator;
-    return { payload, requirements, signer: named ? getAddress(named) : undefined, extra: { amount: requirements.amount } };
+    const payer = getAddress(inner.permit2Authorization!.from!);
+    return {
+      payload,
+      requirements,
+      signer: named ? getAddress(named) : undefined,
+      extra: { amount: requirements.amount },
+      reusedReason: "permit2_invalid_nonce",
+      reservation: { asset, payer, amount, insufficientReason: "permit2_insufficient_balance" },
+    };
   }
-  // A batch sweep carries nothing unique (receiver, token) and may legitimately repeat: no replay identity.
-  if (requirements.scheme === "batch-settlement" && inner.type === "settle") return { payload, requirements, unique: true };
-  return { payload, requirements };
+  if (requirements.scheme === "batch-settlement") {
+    // A batch sweep carries nothing unique (receiver, token) and may legitimately repeat: no replay identity.
+    if (inner.type === "settle") return { payload, requirements, unique: true, reusedReason: "invalid_transaction_state" };
+    const deposit = inner.type === "deposit" && inner.channelConfig && inner.deposit;
+    return {
+      payload,
+      requirements,
+      reusedReason: "invalid_transaction_state",
+      ...(deposit
+        ? { reservation: { asset: getAddress(inner.channelConfig!.token), payer: getAddress(inner.channelConfig!.payer), amount: BigInt(inner.deposit!.amount), insufficientReason: "invalid_batch_settlement_evm_insufficient_balance" } }
+        : {}),
+    };
+  }
+  if (inner.authorization?.from) {
+    const payer = getAddress(inner.authorization.from);
+    return { payload, requirements, reusedReason: "invalid_exact_evm_nonce_already_used", reservation: { asset, payer, amount, insufficientReason: "invalid_exact_evm_insufficient_balance" } };
+  }
+  const payer = getAddress(inner.permit2Authorization!.from!);
+  return { payload, requirements, reusedReason: "permit2_invalid_nonce", reservation: { asset, payer, amount, insufficientReason: "permit2_insufficient_balance" } };
+}
+
+interface BatchPayloadFields {
+  type?: string;
+  token?: string;
+  channelConfig?: { token: string; payer: string };
+  deposit?: { amount: string; authorization?: { permit2Authorization?: { permitted?: { token?: string } } } };
+  claims?: { voucher?: { channel?: { token?: string } } }[];
+}
+
+/** Every token a batch-settlement payload names (channel configs, claims, sweeps, Permit2 deposits). */
+function tokensInside(payload: Record<string, unknown>): string[] {
+  const p = payload as BatchPayloadFields;
+  const tokens = [p.token, p.channelConfig?.token, p.deposit?.authorization?.permit2Authorization?.permitted?.token, ...(Array.isArray(p.claims) ? p.claims.map((c) => c?.voucher?.channel?.token) : [])];
+  return tokens.filter((t): t is string => typeof t === "string" && /^0x[0-9a-fA-F]{40}$/.test(t));
+}
+
+/**
+ * Why a payment is not worth a transaction: a zero amount moves nothing but costs gas. `upto`
+ * settling 0 is the documented no-op (no transaction), so only its ceiling at /verify must be non-zero.
+ */
+function worthlessReason(payload: PaymentPayload, requirements: PaymentRequirements, step: "verify" | "settle"): string | undefined {
+  const p = payload.payload as BatchPayloadFields;
+  if (requirements.scheme === "batch-settlement") {
+    if (p.type === "deposit" && p.deposit && /^0+$/.test(String(p.deposit.amount))) return "a deposit of 0 moves nothing";
+    return undefined;
+  }
+  if (requirements.scheme === "upto" && step === "settle") return undefined;
+  if (BigInt(requirements.amount) === 0n) return "the amount is 0: a payment must move a positive amount";
+  return undefined;
+}
+
+function payerOf(payload: PaymentPayload): string | undefined {
+  const p = payload.payload as { authorization?: { from?: string }; permit2Authorization?: { from?: string } };
+  return p.authorization?.from ?? p.permit2Authorization?.from;
 }
 
 /** Mechanism messages can quote raw RPC errors (with the endpoint URL): keep them short and URL-free. */

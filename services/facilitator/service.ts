@@ -12,6 +12,7 @@ import { watchBalances } from "./balances.ts";
 import { assertChainId, createChainClient, reportedChainId } from "./chain.ts";
 import type { FacilitatorConfig } from "./config.ts";
 import { createFacilitator, type Facilitator } from "./facilitator.ts";
+import { readReceiverCredentials } from "./receiver-auth.ts";
 import { createSettlementCoordinator } from "./settlement/coordinator.ts";
 import { createOutboxSigner } from "./settlement/outbox-signer.ts";
 import { startReconciler } from "./settlement/reconciler.ts";
@@ -71,6 +72,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     uptoFacilitatorAddress: config.uptoFacilitatorAddress,
     receiverAuthorizer: config.receiverAuthorizerKey ? privateKeyToAccount(config.receiverAuthorizerKey) : undefined,
     allowedAssets: config.allowedAssets,
+    receiverCredentials: config.receiverCredentialsFile ? readReceiverCredentials(config.receiverCredentialsFile) : undefined,
   });
 
   const ok = (body: unknown) => ({ status: 200, body });
@@ -81,7 +83,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     metrics,
     handlers: {
       verify: async (body) => ok(await facilitator.verify(body)),
-      settle: async (body) => ok(await facilitator.settle(body)),
+      settle: async (body, caller) => ok(await facilitator.settle(body, caller)),
       supported: async () => ok(facilitator.supported()),
     },
   });

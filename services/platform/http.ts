@@ -6,9 +6,14 @@ import type { Logger } from "./logger.ts";
 import type { Metrics } from "./metrics.ts";
 import { withServerSpan } from "./tracing.ts";
 
+/** What of a request's headers a handler may use: the caller's credentials (forwarded by the router). */
+export interface CallerHeaders {
+  authorization?: string;
+}
+
 export interface ContractHandlers {
-  verify(body: unknown): Promise<HandlerResult>;
-  settle(body: unknown): Promise<HandlerResult>;
+  verify(body: unknown, caller: CallerHeaders): Promise<HandlerResult>;
+  settle(body: unknown, caller: CallerHeaders): Promise<HandlerResult>;
   supported(): Promise<HandlerResult>;
 }
 
@@ -83,7 +88,7 @@ export function acceptJsonBodies(app: FastifyInstance, bodyLimit: number, invali
 }
 
 function sendError(reply: FastifyReply, err: RequestError, headers: Record<string, string> = {}) {
-  return reply.code(err.status).headers(headers).type("application/json").send(err.body());
+  return reply.code(err.status).headers({ ...err.headers, ...headers }).type("application/json").send(err.body());
 }
 
 function toRequestError(error: unknown): RequestError | undefined {
@@ -141,7 +146,7 @@ export function createContractApp(opts: ContractAppOptions): FastifyInstance {
 
   for (const action of ["verify", "settle"] as const) {
     app.post(`/v2/${action}`, { schema: { response: { 200: RESPONSE_SCHEMAS[action] } } }, async (request, r) =>
-      reply(r, await traced(`POST /v2/${action}`, request.headers, () => opts.handlers[action](request.body))),
+      reply(r, await traced(`POST /v2/${action}`, request.headers, () => opts.handlers[action](request.body, { authorization: request.headers.authorization }))),
     );
     app.route({ method: ["GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"], url: `/v2/${action}`, handler: methodNotAllowed("POST") });
   }

@@ -4,7 +4,7 @@ import { Pool } from "undici";
 import type { SupportedResponse } from "@x402/core/types";
 import { RequestError } from "../x402/errors.ts";
 import { pairKey, routeOf } from "../x402/wire.ts";
-import type { ContractHandlers, HandlerResult } from "../platform/http.ts";
+import type { CallerHeaders, ContractHandlers, HandlerResult } from "../platform/http.ts";
 import type { Logger } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
 import { traceHeaders } from "../platform/tracing.ts";
@@ -58,7 +58,7 @@ export function createRouter(opts: RouterOptions): Router {
     };
   }
 
-  async function forward(action: "verify" | "settle", body: unknown): Promise<HandlerResult> {
+  async function forward(action: "verify" | "settle", body: unknown, caller: CallerHeaders): Promise<HandlerResult> {
     // Only what routing needs is checked here; the chain's facilitator validates and normalises the
     // rest (it is callable on its own, so it must), and its 400s come back unchanged.
     const { scheme, network } = routeOf(body);
@@ -76,7 +76,8 @@ export function createRouter(opts: RouterOptions): Router {
       res = await route.pool.request({
         method: "POST",
         path: `${route.basePath}/${action}`,
-        headers: { "content-type": "application/json", ...traceHeaders() },
+        // The caller's credentials go to the facilitator as sent (receiver authentication for batch-settlement).
+        headers: { "content-type": "application/json", ...traceHeaders(), ...(caller.authorization ? { authorization: caller.authorization } : {}) },
         body: JSON.stringify(body),
         headersTimeout: timeout,
         bodyTimeout: timeout,
@@ -119,8 +120,8 @@ export function createRouter(opts: RouterOptions): Router {
   return {
     setTable,
     probeBackends,
-    verify: (body) => forward("verify", body),
-    settle: (body) => forward("settle", body),
+    verify: (body, caller) => forward("verify", body, caller),
+    settle: (body, caller) => forward("settle", body, caller),
     supported: async () => ({ status: 200, body: supported }),
     close: async () => {
       await Promise.all([...pools.values()].map((p) => p.close()));

@@ -17,6 +17,8 @@ export type RequestErrorCode =
   | "backend_unavailable"
   | "backend_timeout"
   | "rate_limited"
+  | "unauthorized"
+  | "forbidden"
   | "internal_error";
 
 const STATUS: Record<RequestErrorCode, number> = {
@@ -34,11 +36,13 @@ const STATUS: Record<RequestErrorCode, number> = {
   backend_unavailable: 503,
   backend_timeout: 504,
   rate_limited: 429,
+  unauthorized: 401,
+  forbidden: 403,
   internal_error: 500,
 };
 
 export class RequestError extends CodedError<RequestErrorCode> {
   constructor(code: RequestErrorCode, detail: string) {
-    super(code, detail, STATUS[code]);
+    super(code, detail, STATUS[code], code === "unauthorized" ? { "www-authenticate": "Bearer" } : {});
   }
 }

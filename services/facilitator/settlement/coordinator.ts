@@ -1,14 +1,16 @@
 // Exactly-once settlement. A payment id (see payment-id.ts) is claimed in the store by exactly one
-// caller, on any replica; that caller runs the mechanism, everyone else waits for and returns the
-// recorded outcome. A payment that produced a transaction is never executed again: only its
+// caller, on any replica, for one payment (its digest); that caller runs the mechanism. Callers with
+// the same id and digest (retries) wait for and return the recorded outcome; a different payment
+// with the same id (same nonce, another payee or amount) is refused as a used nonce and is never
+// answered from the record. A payment that produced a transaction is never executed again: only its
 // transaction is driven to a receipt. Waits are bounded: past the bound the answer is
-// `settlement_pending` with the hash, and a retry reports the current state.
+// `settlement_pending` with the transaction's hash, and a retry reports the current state.
 import { randomUUID } from "node:crypto";
 import type { PaymentPayload, PaymentRequirements, SettleResponse } from "@x402/core/types";
-import type { Address } from "viem";
+import { erc20Abi, type Address } from "viem";
 import type { ChainClient } from "../chain.ts";
 import { settlementContext } from "./context.ts";
-import { paymentIdentity } from "./payment-id.ts";
+import { paymentDigest, paymentIdentity } from "./payment-id.ts";
 import { findMined, sleep } from "./receipts.ts";
 import type { SettlementStore } from "./store.ts";
 
@@ -33,10 +35,16 @@ export interface SettleJob {
   extra?: Record<string, unknown>;
   /** A request with no replay identity (a batch sweep): its own id, so repeats are new settlements. */
   unique?: boolean;
+  /** The reference reason for an identity (nonce) that another payment already holds. */
+  reusedReason: string;
+  /** What the payment takes from its payer: reserved while in flight, so payments sharing a balance never overdraw it. */
+  reservation?: { asset: Address; payer: Address; amount: bigint; insufficientReason: string };
   run: () => Promise<SettleResponse>;
 }
 
 export const SETTLEMENT_PENDING = "settlement_pending";
+/** A retryable failure: another request holds the claim and has not sent a transaction yet. */
+export const SETTLEMENT_BUSY = "unexpected_settle_error";
 const OPEN = new Set(["signed", "broadcast"]);
 
 export function createSettlementCoordinator(opts: CoordinatorOptions) {
@@ -45,9 +53,9 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
   const poll = opts.pollIntervalMs ?? 50;
   const { store, network } = opts;
 
-  const pending = (payer: string | null, transaction: string, message: string): SettleResponse => ({
+  const failure = (reason: string, payer: string | null, message: string, transaction = ""): SettleResponse => ({
     success: false,
-    errorReason: SETTLEMENT_PENDING,
+    errorReason: reason,
     errorMessage: message,
     transaction,
     network: network as SettleResponse["network"],
@@ -79,8 +87,9 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
         return stored(paymentId);
       }
       if (Date.now() >= deadline) {
-        const latest = open[open.length - 1] ?? txs[txs.length - 1];
-        const response = pending(row.payer, latest?.hash ?? "", "the transaction is not mined yet; retry /settle to get its outcome");
+        // Only reached with a transaction stored, so a pending answer always names one.
+        const latest = open[open.length - 1] ?? txs[txs.length - 1]!;
+        const response = failure(SETTLEMENT_PENDING, row.payer, "the transaction is not mined yet; retry /settle to get its outcome", latest.hash);
         await store.record(paymentId, "pending", response as unknown as Record<string, unknown>);
         return response;
       }
@@ -92,6 +101,11 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
   async function execute(job: SettleJob, paymentId: string, payer: string | null, deadline: number): Promise<SettleResponse> {
     let result: SettleResponse;
     try {
+      const refusal = await reserve(job, paymentId, payer);
+      if (refusal) {
+        await store.release(paymentId);
+        return refusal;
+      }
       result = await settlementContext.run({ paymentId, signer: job.signer }, job.run);
     } catch (e) {
       await store.release(paymentId); // a no-op when a transaction exists: that one is still driven to its end
@@ -120,21 +134,51 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
     return awaitOutcome(paymentId, deadline);
   }
 
+  /**
+   * Reserves the payment's amount against its payer's balance; a refusal when the payments in
+   * flight for that payer would overdraw it (nothing is sent for the ones that cannot be covered).
+   * The balance is read only when other payments of the payer are in flight.
+   */
+  async function reserve(job: SettleJob, paymentId: string, payer: string | null): Promise<SettleResponse | undefined> {
+    const r = job.reservation;
+    if (!r || r.amount === 0n) return undefined;
+    let balance: bigint | undefined;
+    for (;;) {
+      const outcome = await store.reserve(paymentId, r.asset, r.payer, r.amount, balance);
+      if (outcome.reserved) return undefined;
+      if (balance !== undefined) {
+        return failure(r.insufficientReason, payer, `the payer's balance does not cover this payment besides ${outcome.inFlight} already being settled`);
+      }
+      balance = await opts.chain.client.readContract({ address: r.asset, abi: erc20Abi, functionName: "balanceOf", args: [r.payer] });
+    }
+  }
+
   return {
     owner,
     async settle(job: SettleJob): Promise<SettleResponse> {
       const identity = paymentIdentity(job.payload, job.requirements);
+      const digest = paymentDigest(job.payload, job.requirements);
       const { payer } = identity;
       const id = job.unique ? `${identity.id}:${randomUUID()}` : identity.id;
+      const extra = job.extra ?? {};
       const deadline = Date.now() + opts.waitBoundMs;
       for (;;) {
-        const claim = await store.claim(id, job.requirements.scheme, payer, job.extra ?? {}, owner, leaseMs);
+        const claim = await store.claim(id, digest, job.requirements.scheme, payer, extra, owner, leaseMs);
         if (claim.claimed) return execute(job, id, payer, deadline);
         const row = claim.row;
-        if (row.state === "succeeded" || row.state === "failed") return row.response as unknown as SettleResponse;
-        if ((await store.outboxForPayment(id)).length > 0) return awaitOutcome(id, deadline);
-        if (row.lease_expired && (await store.takeOver(id, owner, leaseMs))) return execute(job, id, payer, deadline);
-        if (Date.now() >= deadline) return pending(payer, "", "another request is settling this payment; retry /settle to get its outcome");
+        const final = row.state === "succeeded" || row.state === "failed";
+        const sent = final || (await store.outboxForPayment(id)).length > 0;
+        if (row.digest !== digest) {
+          // Another payment holds this nonce. Once it has a transaction (or an outcome) this one can
+          // never execute; before that it may still be refused and release the id, so a forged
+          // body cannot lock the genuine payment out: wait for that within the bound.
+          if (sent) return failure(job.reusedReason, payer, "this authorization's nonce is already used by another payment");
+        } else {
+          if (final) return row.response as unknown as SettleResponse;
+          if (sent) return awaitOutcome(id, deadline);
+        }
+        if (row.lease_expired && (await store.takeOver(id, digest, extra, owner, leaseMs))) return execute(job, id, payer, deadline);
+        if (Date.now() >= deadline) return failure(SETTLEMENT_BUSY, payer, "another request is settling a payment with this nonce and has sent no transaction yet; retry /settle");
         await sleep(poll);
       }
     },

@@ -1,6 +1,8 @@
 // A payment's identity: what the chain itself can execute only once. For EIP-3009 that is the
 // (token, from, nonce) authorization; for Permit2 the (owner, nonce) pair; anything else is
 // identified by its canonical signed payload. Network and scheme are always part of it.
+// Its digest: everything that decides what moves where (payload, extensions, asset, payTo,
+// amount). One identity with two digests is two different payments competing for one nonce.
 import { keccak256, toBytes, getAddress } from "viem";
 import type { PaymentPayload, PaymentRequirements } from "@x402/core/types";
 
@@ -36,4 +38,15 @@ export function paymentIdentity(payload: PaymentPayload, requirements: PaymentRe
     key = `payload|${canonicalJson(payload.payload)}`;
   }
   return { id: keccak256(toBytes(`${scope}|${key}`)), payer };
+}
+
+/**
+ * The digest of the whole payment as it would be executed: the signed payload and its extensions
+ * (an EIP-2612 permit rides there) and the requirements that decide the transfer. Fields that do
+ * not change what moves (description, resource, timeouts, extra) are left out, so honest retries of
+ * one payment always agree.
+ */
+export function paymentDigest(payload: PaymentPayload, requirements: PaymentRequirements): string {
+  const { scheme, network, asset, payTo, amount } = requirements;
+  return keccak256(toBytes(canonicalJson({ scheme, network, asset, payTo, amount, payload: payload.payload, extensions: payload.extensions ?? null })));
 }

@@ -52,6 +52,16 @@ CREATE TABLE settlement_outbox (
 CREATE INDEX settlement_outbox_payment ON settlement_outbox (network, payment_id);
 CREATE INDEX settlement_outbox_open ON settlement_outbox (network, state) WHERE state IN ('signed', 'broadcast')`,
   },
+  {
+    // The digest binds a payment id to the one payment that claimed it; asset and reserved hold what
+    // an in-flight payment takes from its payer (rows from before have no digest: never matched).
+    id: "settlement/002_payment_digest",
+    sql: `
+ALTER TABLE settlement_payments ADD COLUMN digest text;
+ALTER TABLE settlement_payments ADD COLUMN asset text;
+ALTER TABLE settlement_payments ADD COLUMN reserved numeric(78,0);
+CREATE INDEX settlement_payments_in_flight ON settlement_payments (network, asset, payer) WHERE reserved IS NOT NULL AND state IN ('claimed', 'pending')`,
+  },
 ];
 
 export type PaymentState = "claimed" | "pending" | "succeeded" | "failed";
@@ -61,6 +71,8 @@ export interface PaymentRow {
   payment_id: string;
   scheme: string;
   payer: string | null;
+  /** The digest of the payment that holds this id (payment-id.ts); null on rows from before digests. */
+  digest: string | null;
   state: PaymentState;
   owner: string | null;
   lease_expired: boolean;
@@ -116,35 +128,58 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
   return {
     db,
 
-    /** Claims a payment for this process. Returns "claimed" for the winner, or the existing row. */
-    async claim(paymentId: string, scheme: string, payer: string | null, successExtra: Record<string, unknown>, owner: string, leaseMs: number): Promise<{ claimed: true } | { claimed: false; row: PaymentRow }> {
+    /** Claims a payment id for this process and this payment (its digest). Returns "claimed" for the winner, or the existing row. */
+    async claim(paymentId: string, digest: string, scheme: string, payer: string | null, successExtra: Record<string, unknown>, owner: string, leaseMs: number): Promise<{ claimed: true } | { claimed: false; row: PaymentRow }> {
       const inserted = await db.query(
-        `INSERT INTO settlement_payments (network, payment_id, scheme, payer, success_extra, state, owner, lease_until)
-         VALUES ($1, $2, $3, $4, $5, 'claimed', $6, now() + ($7 || ' milliseconds')::interval)
+        `INSERT INTO settlement_payments (network, payment_id, digest, scheme, payer, success_extra, state, owner, lease_until)
+         VALUES ($1, $2, $3, $4, $5, $6, 'claimed', $7, now() + ($8 || ' milliseconds')::interval)
          ON CONFLICT (network, payment_id) DO NOTHING RETURNING payment_id`,
-        [network, paymentId, scheme, payer, JSON.stringify(successExtra), owner, String(leaseMs)],
+        [network, paymentId, digest, scheme, payer, JSON.stringify(successExtra), owner, String(leaseMs)],
       );
       if (inserted.length) return { claimed: true };
       const row = await this.payment(paymentId);
-      if (!row) return this.claim(paymentId, scheme, payer, successExtra, owner, leaseMs); // released in between
+      if (!row) return this.claim(paymentId, digest, scheme, payer, successExtra, owner, leaseMs); // released in between
       return { claimed: false, row };
     },
 
-    /** Takes over a claim whose owner's lease ran out and which never produced a transaction. */
-    async takeOver(paymentId: string, owner: string, leaseMs: number): Promise<boolean> {
+    /** Takes over, for this payment, a claim whose owner's lease ran out and which never produced a transaction. */
+    async takeOver(paymentId: string, digest: string, successExtra: Record<string, unknown>, owner: string, leaseMs: number): Promise<boolean> {
       const rows = await db.query(
-        `UPDATE settlement_payments SET owner = $3, lease_until = now() + ($4 || ' milliseconds')::interval, updated_at = now()
+        `UPDATE settlement_payments SET owner = $3, digest = $4, success_extra = $5, reserved = NULL, lease_until = now() + ($6 || ' milliseconds')::interval, updated_at = now()
          WHERE network = $1 AND payment_id = $2 AND state = 'claimed' AND lease_until < now()
            AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = $2)
          RETURNING payment_id`,
-        [network, paymentId, owner, String(leaseMs)],
+        [network, paymentId, owner, digest, JSON.stringify(successExtra), String(leaseMs)],
       );
       return rows.length > 0;
     },
 
+    /**
+     * Reserves what a claimed payment takes from its payer. Payments of one (asset, payer) are
+     * serialised by a transaction-scoped advisory lock, in any process. With nothing else in
+     * flight for that payer the reservation needs no balance (the mechanism's own checks cover one
+     * payment); otherwise it fits only within `balance`, and without a balance the caller is told
+     * to read one and come back.
+     */
+    async reserve(paymentId: string, asset: string, payer: string, amount: bigint, balance?: bigint): Promise<{ reserved: true } | { reserved: false; inFlight: bigint }> {
+      return db.transaction(async (tx) => {
+        await tx.query(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, [`${network}|${asset}|${payer}`]);
+        const [row] = await tx.query<{ total: string }>(
+          `SELECT COALESCE(sum(reserved), 0)::text AS total FROM settlement_payments p
+           WHERE network = $1 AND asset = $2 AND payer = $3 AND payment_id <> $4 AND reserved IS NOT NULL AND state IN ('claimed', 'pending')
+             AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = p.payment_id AND o.state IN ('confirmed', 'reverted'))`,
+          [network, asset, payer, paymentId],
+        );
+        const inFlight = BigInt(row!.total);
+        if (inFlight > 0n && (balance === undefined || inFlight + amount > balance)) return { reserved: false, inFlight };
+        await tx.query(`UPDATE settlement_payments SET asset = $3, reserved = $4 WHERE network = $1 AND payment_id = $2`, [network, paymentId, asset, amount.toString()]);
+        return { reserved: true };
+      });
+    },
+
     async payment(paymentId: string): Promise<PaymentRow | undefined> {
       const rows = await db.query<PaymentRow>(
-        `SELECT payment_id, scheme, payer, state, owner, (lease_until IS NOT NULL AND lease_until < now()) AS lease_expired, response, success_extra
+        `SELECT payment_id, scheme, payer, digest, state, owner, (lease_until IS NOT NULL AND lease_until < now()) AS lease_expired, response, success_extra
          FROM settlement_payments WHERE network = $1 AND payment_id = $2`,
         [network, paymentId],
       );
