@@ -142,8 +142,8 @@ describe("a hostile resource server", () => {
       const hash = await wallet.writeContract({ chain: null, address: token, abi: stablecoin.abi, functionName, args: args as never });
       expect((await chain.waitForTransactionReceipt({ hash })).status).toBe("success");
     }
-    // The attacker pays itself in its own token: a valid signature, a real balance, our gas.
-    const body = await payment(spec({ asset: { ...usdc, address: token }, payerKey: attackerKey, payTo: attacker.address }));
+    // The attacker pays in its own token: a valid signature, a real balance, our gas.
+    const body = await payment(spec({ asset: { ...usdc, address: token }, payerKey: attackerKey, payTo: fresh() }));
     const sent0 = await sentBy(signer);
     for (const endpoint of ["verify", "settle"]) {
       const r = await postJson(`${devnet.info.routerUrl}/${endpoint}`, body);
@@ -153,12 +153,16 @@ describe("a hostile resource server", () => {
     expect(await sentBy(signer)).toBe(sent0);
   });
 
-  it("a zero-value payment is refused before anything is sent", async () => {
-    const s = spec({ amount: 0n });
-    const body = await payment(s);
+  it("a zero-value payment and a payer paying itself are refused before anything is sent", async () => {
+    const payer = devnet.info.payers[0]!;
+    const bodies = [await payment(spec({ amount: 0n })), await payment(spec({ payTo: payer.address }))];
     const sent0 = await sentBy(signer);
-    expect(await verify(body)).toMatchObject({ isValid: false, invalidReason: "invalid_payment_requirements" });
-    expect(await settle(body)).toMatchObject({ success: false, errorReason: "invalid_payment_requirements", transaction: "" });
+    const before = await balanceOf(net.rpcUrl, usdc.address, payer.address);
+    for (const body of bodies) {
+      expect(await verify(body)).toMatchObject({ isValid: false, invalidReason: "invalid_payment_requirements" });
+      expect(await settle(body)).toMatchObject({ success: false, errorReason: "invalid_payment_requirements", transaction: "" });
+    }
     expect(await sentBy(signer)).toBe(sent0);
+    expect(await balanceOf(net.rpcUrl, usdc.address, payer.address)).toBe(before);
   });
 });

@@ -217,8 +217,9 @@ function tokensInside(payload: Record<string, unknown>): string[] {
 }
 
 /**
- * Why a payment is not worth a transaction: a zero amount moves nothing but costs gas. `upto`
- * settling 0 is the documented no-op (no transaction), so only its ceiling at /verify must be non-zero.
+ * Why a payment is not worth a transaction: a zero amount, or a payer paying itself, moves nothing
+ * but costs our gas. `upto` settling 0 is the documented no-op (no transaction), so only its
+ * ceiling at /verify must be non-zero.
  */
 function worthlessReason(payload: PaymentPayload, requirements: PaymentRequirements, step: "verify" | "settle"): string | undefined {
   const p = payload.payload as BatchPayloadFields;
@@ -226,6 +227,8 @@ function worthlessReason(payload: PaymentPayload, requirements: PaymentRequireme
     if (p.type === "deposit" && p.deposit && /^0+$/.test(String(p.deposit.amount))) return "a deposit of 0 moves nothing";
     return undefined;
   }
+  const payer = payerOf(payload);
+  if (payer && /^0x[0-9a-fA-F]{40}$/.test(payer) && getAddress(payer) === getAddress(requirements.payTo)) return "the payer pays itself: nothing would move";
   if (requirements.scheme === "upto" && step === "settle") return undefined;
   if (BigInt(requirements.amount) === 0n) return "the amount is 0: a payment must move a positive amount";
   return undefined;
