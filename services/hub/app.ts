@@ -6,6 +6,7 @@ import formbody from "@fastify/formbody";
 import { stringToBytes } from "viem";
 import type { Logger } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
+import { resolveServerTimeouts, serverTimeoutOptions, type ServerTimeouts } from "../platform/timeouts.ts";
 import { withServerSpan } from "../platform/tracing.ts";
 import { AUTH_HEADERS, DEFAULT_MAX_EXPIRY_SECONDS, HUB_WRITE_TYPES, authorizeWrite, hubMessageHash, readAuthorization, type HubDomain, type SignatureVerifier } from "./auth.ts";
 import { HubError } from "./errors.ts";
@@ -35,6 +36,8 @@ export interface HubAppOptions {
   readRateLimit?: RateLimit;
   /** Whether contract-wallet (ERC-1271) signatures can be checked (an RPC is configured). */
   contractWallets?: boolean;
+  /** Connection bounds (slow clients); unset ones come from HTTP_*_TIMEOUT_MS or the defaults. */
+  timeouts?: Partial<ServerTimeouts>;
   /** Clock in ms (tests pass their own). */
   now?: () => number;
 }
@@ -81,6 +84,7 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
     loggerInstance: opts.logger as FastifyBaseLogger,
     bodyLimit,
     return503OnClosing: true,
+    ...serverTimeoutOptions(resolveServerTimeouts(opts.timeouts)),
     // Query strings decode exactly like form bodies (one decoder, one rule for repeated names).
     routerOptions: { querystringParser: (s: string) => parseForm(s) },
   });

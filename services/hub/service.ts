@@ -5,6 +5,7 @@ import { createPublicClient, http, type PublicClient } from "viem";
 import { startAdminServer, type RunningAdmin } from "../platform/admin.ts";
 import { createLogger, endpointName, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
+import type { ServerTimeouts } from "../platform/timeouts.ts";
 import { describeDatabase, migrate, openDatabase, type Database } from "../platform/storage.ts";
 import { createHubApp, DEFAULT_HUB_BODY_LIMIT } from "./app.ts";
 import { createSignatureVerifier, DEFAULT_HUB_DOMAIN_NAME, DEFAULT_MAX_EXPIRY_SECONDS, HUB_DOMAIN_VERSION, type HubDomain } from "./auth.ts";
@@ -39,6 +40,8 @@ export interface HubServiceOptions {
   maxExpirySeconds?: number;
   writeRateLimit?: RateLimit;
   readRateLimit?: RateLimit;
+  /** Connection bounds of the public and admin ports; unset ones come from HTTP_*_TIMEOUT_MS or the defaults. */
+  httpTimeouts?: Partial<ServerTimeouts>;
   logger?: Logger;
   /** Clock in ms (tests pass their own). */
   now?: () => number;
@@ -91,6 +94,7 @@ export async function startHubService(opts: HubServiceOptions = {}): Promise<Run
     writeRateLimit: opts.writeRateLimit,
     readRateLimit: opts.readRateLimit,
     contractWallets: Boolean(publicClient),
+    timeouts: opts.httpTimeouts,
     now,
   });
 
@@ -110,6 +114,7 @@ export async function startHubService(opts: HubServiceOptions = {}): Promise<Run
       registry: metrics.registry,
       logger,
       checks: [{ name: "database", check: async () => (await store.ping(), true) }],
+      timeouts: opts.httpTimeouts,
     });
     address = await app.listen({ host, port });
   } catch (e) {

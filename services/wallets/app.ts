@@ -6,6 +6,7 @@ import { randomBytes } from "node:crypto";
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
 import type { Logger } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
+import { resolveServerTimeouts, serverTimeoutOptions, type ServerTimeouts } from "../platform/timeouts.ts";
 import { withServerSpan } from "../platform/tracing.ts";
 import { approvePermit2 } from "./approvals.ts";
 import { walletBalances } from "./balances.ts";
@@ -40,6 +41,10 @@ export interface WalletsAppOptions {
   now?: () => number;
   maxAuthorizationSeconds?: number;
   bodyLimit?: number;
+  /** Connection bounds (slow clients); unset ones come from HTTP_*_TIMEOUT_MS or the defaults. */
+  timeouts?: Partial<ServerTimeouts>;
+  /** The longest a handler may wait (/fetch: two upstream requests): the idle bound must exceed it. */
+  longestHandlerMs?: number;
 }
 
 const WALLET_ID = /^wal_[0-9a-f]{24}$/;
@@ -90,7 +95,8 @@ export function createWalletsApp(opts: WalletsAppOptions): FastifyInstance {
     maxAuthorizationSeconds: opts.maxAuthorizationSeconds ?? DEFAULT_MAX_AUTHORIZATION_SECONDS,
   };
 
-  const app = Fastify({ loggerInstance: opts.logger as FastifyBaseLogger, bodyLimit, return503OnClosing: true });
+  const timeouts = resolveServerTimeouts(opts.timeouts, { longestHandlerMs: opts.longestHandlerMs });
+  const app = Fastify({ loggerInstance: opts.logger as FastifyBaseLogger, bodyLimit, return503OnClosing: true, ...serverTimeoutOptions(timeouts) });
 
   acceptJsonBodies(app, bodyLimit, (detail) => new WalletError("invalid_json", detail));
 

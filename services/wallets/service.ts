@@ -5,6 +5,7 @@
 import { startAdminServer, type RunningAdmin } from "../platform/admin.ts";
 import { createLogger, endpointName, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
+import type { ServerTimeouts } from "../platform/timeouts.ts";
 import { describeDatabase, migrate, openDatabase, type Database } from "../platform/storage.ts";
 import type { Caip2 } from "../x402/networks.ts";
 import { createWalletsApp, DEFAULT_MAX_AUTHORIZATION_SECONDS, DEFAULT_WALLETS_BODY_LIMIT } from "./app.ts";
@@ -47,6 +48,8 @@ export interface WalletsServiceOptions {
   fetchMaxResponseBytes?: number;
   maxAuthorizationSeconds?: number;
   bodyLimit?: number;
+  /** Connection bounds of the public and admin ports; unset ones come from HTTP_*_TIMEOUT_MS or the defaults. */
+  httpTimeouts?: Partial<ServerTimeouts>;
   logger?: Logger;
   /** Clock in ms (tests pass their own). */
   now?: () => number;
@@ -99,10 +102,11 @@ export async function startWalletsService(opts: WalletsServiceOptions = {}): Pro
     // Finish a rotation an earlier run started (data keys still under an older loaded key).
     rotate();
 
+    const fetchTimeoutMs = opts.fetchTimeoutMs ?? 20_000;
     const chain = opts.rpcUrls && Object.keys(opts.rpcUrls).length ? createChainAccess({ rpcUrls: opts.rpcUrls }) : undefined;
     const fetcher = createFetcher({
       allowPrivateNetworks: opts.allowPrivateNetworks ?? false,
-      timeoutMs: opts.fetchTimeoutMs ?? 20_000,
+      timeoutMs: fetchTimeoutMs,
       maxResponseBytes: opts.fetchMaxResponseBytes ?? 1024 * 1024,
     });
     cleanup.push(() => fetcher.close());
@@ -119,6 +123,9 @@ export async function startWalletsService(opts: WalletsServiceOptions = {}): Pro
       now,
       maxAuthorizationSeconds: opts.maxAuthorizationSeconds ?? DEFAULT_MAX_AUTHORIZATION_SECONDS,
       bodyLimit: opts.bodyLimit ?? DEFAULT_WALLETS_BODY_LIMIT,
+      timeouts: opts.httpTimeouts,
+      // /fetch waits for the resource twice (the request, then the paid retry) and for the chain around them.
+      longestHandlerMs: 2 * fetchTimeoutMs + 30_000,
     });
     cleanup.push(() => app.close());
 
@@ -130,6 +137,7 @@ export async function startWalletsService(opts: WalletsServiceOptions = {}): Pro
       registry: metrics.registry,
       logger,
       checks: [{ name: "database", check: async () => (await store.ping(), true) }],
+      timeouts: opts.httpTimeouts,
     });
     cleanup.push(() => admin.close());
     const address = await app.listen({ host, port });
