@@ -2,6 +2,7 @@
 // URL) with its migrations, the master keys (checked against the fingerprints on record, reloaded
 // when the file changes, data keys re-wrapped when the primary changes), the chains it reads, the
 // HTTP app, and the admin port (/metrics, /healthz, /readyz).
+import { randomBytes } from "node:crypto";
 import { startAdminServer, type RunningAdmin } from "../platform/admin.ts";
 import { createLogger, endpointName, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
@@ -37,6 +38,11 @@ export interface WalletsServiceOptions {
   masterKeys?: Keyring;
   /** Poll interval of the master key file; default 1000 ms, 0 disables. */
   masterKeyPollMs?: number;
+  /**
+   * How often this replica reports its primary master key in the database and retries retiring old
+   * keys; default 10 s. A replica silent for 3 intervals no longer holds a key back from retirement.
+   */
+  replicaHeartbeatMs?: number;
   /** The operator's token for /v1/admin, from a file (a mounted Secret) or given directly. */
   adminTokenFile?: string;
   adminToken?: string;
@@ -96,11 +102,21 @@ export async function startWalletsService(opts: WalletsServiceOptions = {}): Pro
       watchIntervalMs: opts.masterKeyPollMs,
     });
     cleanup.push(() => keyring.close());
-    const rotator = createRotator({ store, keyring, logger, metrics, now });
+    const replicaId = `wr_${randomBytes(8).toString("hex")}`;
+    const heartbeatMs = opts.replicaHeartbeatMs ?? 10_000;
+    const rotator = createRotator({ store, keyring, logger, metrics, now, replicaId, replicaLivenessMs: 3 * heartbeatMs });
+    cleanup.push(() => store.leave(replicaId));
     cleanup.push(() => rotator.idle());
     rotate = () => void rotator.rewrapAll().catch((e: Error) => logger.error({ reason: e.message.split("\n")[0] }, "wallets: re-wrapping failed"));
-    // Finish a rotation an earlier run started (data keys still under an older loaded key).
+    // Registers this replica's primary before anything is served; then finishes a rotation an
+    // earlier run started (data keys still under an older loaded key) in the background.
+    await store.heartbeat(replicaId, keyring.current().primary.id);
     rotate();
+    // Each beat reports the primary again and retries retiring old keys (another replica may only
+    // now have moved to the new primary, or wrapped a wallet under the old one meanwhile).
+    const beat = setInterval(rotate, heartbeatMs);
+    beat.unref();
+    cleanup.push(() => clearInterval(beat));
 
     const fetchTimeoutMs = opts.fetchTimeoutMs ?? 20_000;
     const chain = opts.rpcUrls && Object.keys(opts.rpcUrls).length ? createChainAccess({ rpcUrls: opts.rpcUrls }) : undefined;
