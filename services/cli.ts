@@ -21,7 +21,8 @@ commands:
   hub           the wallet-scoped key-value store (writes signed by the owner's wallet; docs/hub.md)
                 --port 4030 --admin-port 9430 --host 127.0.0.1 --data-dir .data/hub [--rpc-url URL] [--chain-id 8453]
                 (env: DATABASE_URL (PostgreSQL instead of the embedded engine), HUB_DATA_DIR, HUB_RPC_URL,
-                 HUB_CHAIN_ID, HUB_DOMAIN_NAME, HUB_MAX_EXPIRY_SECONDS, HUB_BODY_LIMIT, PORT, ADMIN_PORT, HOST)
+                 HUB_CHAIN_ID, HUB_DOMAIN_NAME, HUB_DOMAIN_SALT, HUB_DOMAIN_VERIFYING_CONTRACT, HUB_MAX_EXPIRY_SECONDS,
+                 HUB_BODY_LIMIT, HUB_QUOTA_BYTES, HUB_QUOTA_KEYS, HUB_MAX_VERSIONS, HUB_TRUST_PROXY, PORT, ADMIN_PORT, HOST)
   wallets       custodial agent wallets: platforms pay x402 resources with an API key (docs/wallets.md)
                 --master-key-file FILE [--admin-token-file FILE] --port 4040 --admin-port 9440 --host 127.0.0.1
                 --data-dir .data/wallets [--rpc-url eip155:8453=URL ...]
@@ -37,6 +38,14 @@ commands:
                 --network eip155:8453 --amount 10000 [--method eip3009|permit2] [--state-dir .devnet]
                 [--body-only: print the signed request body for curl instead of sending it]
 `;
+
+/** HUB_TRUST_PROXY: "true", a hop count, or comma-separated proxy addresses/CIDRs; unset or "false": none. */
+function parseTrustProxy(v: string | undefined): boolean | number | string[] | undefined {
+  if (v === undefined || v.trim() === "" || v === "false") return undefined;
+  if (v === "true") return true;
+  if (/^\d+$/.test(v)) return Number(v);
+  return v.split(",").map((s) => s.trim()).filter(Boolean);
+}
 
 function onShutdown(stop: () => Promise<void>) {
   let stopping = false;
@@ -146,6 +155,10 @@ export async function main(argv: string[]): Promise<void> {
         rpcUrl: values["rpc-url"]?.[0] ?? (env.HUB_RPC_URL || undefined),
         chainId: num("--chain-id", values["chain-id"] ?? env.HUB_CHAIN_ID),
         domainName: env.HUB_DOMAIN_NAME || undefined,
+        domainSalt: (env.HUB_DOMAIN_SALT || undefined) as `0x${string}` | undefined,
+        domainVerifyingContract: (env.HUB_DOMAIN_VERIFYING_CONTRACT || undefined) as `0x${string}` | undefined,
+        storeLimits: { maxBytesPerOwner: num("HUB_QUOTA_BYTES", env.HUB_QUOTA_BYTES), maxKeysPerOwner: num("HUB_QUOTA_KEYS", env.HUB_QUOTA_KEYS), maxVersionsPerKey: num("HUB_MAX_VERSIONS", env.HUB_MAX_VERSIONS) },
+        trustProxy: parseTrustProxy(env.HUB_TRUST_PROXY),
         maxExpirySeconds: num("HUB_MAX_EXPIRY_SECONDS", env.HUB_MAX_EXPIRY_SECONDS),
         bodyLimit: num("HUB_BODY_LIMIT", env.HUB_BODY_LIMIT),
         logger: createLogger("hub"),

@@ -3,6 +3,7 @@
 // matrix of values, every rendered document validated against the Kubernetes schemas (types,
 // enums and unknown fields: test/helpers/k8s-validate.ts), the chart's conventions
 // (shared/docs/kubernetes.md), the CRD against crds/, and bad values refused by values.schema.json.
+import { createHash } from "node:crypto";
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -400,6 +401,32 @@ describe("the hub", () => {
     expect(existingEnv.find((e) => e.name === "DATABASE_URL")?.valueFrom).toEqual({ secretKeyRef: { name: "hub-db", key: "dsn" } });
   });
 
+  it("gives each release its own EIP-712 domain salt, sets the quota, and trusts the ingress's X-Forwarded-For", () => {
+    type Env = { name: string; value?: string }[];
+    const hubEnv = (opts: RenderOptions, name = "fleet-x402-fleet-hub") => podSpec(one(render(opts), "Deployment", name)).containers[0]!.env as Env;
+    const value = (env: Env, name: string) => env.find((e) => e.name === name)?.value;
+    const saltOf = (ns: string, release: string) => `0x${createHash("sha256").update(`x402-fleet hub/${ns}/${release}`).digest("hex")}`;
+
+    const defaults = hubEnv({});
+    expect(value(defaults, "HUB_DOMAIN_SALT")).toBe(saltOf(NS, "fleet"));
+    const staging = hubEnv({ namespace: "staging" });
+    expect(value(staging, "HUB_DOMAIN_SALT")).toBe(saltOf("staging", "fleet"));
+    expect(value(staging, "HUB_DOMAIN_SALT")).not.toBe(value(defaults, "HUB_DOMAIN_SALT"));
+    expect(value(hubEnv({ release: "other" }, "other-x402-fleet-hub"), "HUB_DOMAIN_SALT")).toBe(saltOf(NS, "other"));
+    const given = `0x${"12".repeat(32)}`;
+    expect(value(hubEnv({ values: { hub: { domainSalt: given, domainVerifyingContract: "0x00000000000000000000000000000000000A11cE" } } }), "HUB_DOMAIN_SALT")).toBe(given);
+    expect(value(hubEnv({ values: { hub: { domainVerifyingContract: "0x00000000000000000000000000000000000A11cE" } } }), "HUB_DOMAIN_VERIFYING_CONTRACT")).toBe("0x00000000000000000000000000000000000A11cE");
+    expect(value(hubEnv({ values: { hub: { domainSaltFromRelease: false } } }), "HUB_DOMAIN_SALT")).toBeUndefined(); // the default domain
+
+    expect([value(defaults, "HUB_QUOTA_BYTES"), value(defaults, "HUB_QUOTA_KEYS"), value(defaults, "HUB_MAX_VERSIONS")]).toEqual(["104857600", "100000", "100"]);
+    expect(value(hubEnv({ values: { hub: { quota: { bytesPerOwner: 1048576, keysPerOwner: 10, versionsPerKey: 1 } } } }), "HUB_MAX_VERSIONS")).toBe("1");
+
+    expect(value(defaults, "HUB_TRUST_PROXY")).toBeUndefined(); // no ingress: the peer is the caller
+    expect(value(hubEnv({ values: { hub: { ingress: { enabled: true } } } }), "HUB_TRUST_PROXY")).toBe("1");
+    expect(value(hubEnv({ values: { hub: { ingress: { enabled: true }, trustProxy: "false" } } }), "HUB_TRUST_PROXY")).toBeUndefined();
+    expect(value(hubEnv({ values: { hub: { trustProxy: "10.0.0.0/8,fd00::/8" } } }), "HUB_TRUST_PROXY")).toBe("10.0.0.0/8,fd00::/8");
+  });
+
   it("is absent when disabled, monitors included", () => {
     const docs = docsOf("hub off");
     expect(docs.filter((d) => d.metadata.labels?.["app.kubernetes.io/component"] === "hub")).toEqual([]);
@@ -579,6 +606,8 @@ describe("values.schema.json refuses bad values", () => {
     ["a network without rpc", { networks: [{ name: "base", spec: { network: "eip155:8453", signerSecretRef: { name: "s" } } }] }, /networks\.0\.spec: rpc is required/],
     ["an unknown scheme", { networks: [{ ...network, spec: { ...network.spec, schemes: ["stream"] } }] }, /networks\.0\.spec\.schemes\.0: networks\.0\.spec\.schemes\.0 must be one of the following/],
     ["a database URL that is not PostgreSQL", { hub: { database: { url: "mysql://db/hub" } } }, /hub\.database\.url: Does not match pattern/],
+    ["a hub domain salt that is not 32 bytes of hex", { hub: { domainSalt: "per-release" } }, /hub\.domainSalt: Does not match pattern/],
+    ["a negative hub quota", { hub: { quota: { bytesPerOwner: -1, keysPerOwner: 1, versionsPerKey: 1 } } }, /hub\.quota\.bytesPerOwner: Must be greater than or equal to 0/],
     ["a balance threshold given as a number", { monitoring: { rules: { signerBalanceLowWei: 10000000000000000 } } }, /monitoring\.rules\.signerBalanceLowWei: Invalid type\. Expected: string, given: integer/],
     ["a per-network threshold for a non-CAIP-2 key", { monitoring: { rules: { signerBalanceLowWeiByNetwork: { polygon: "1" } } } }, /monitoring\.rules\.signerBalanceLowWeiByNetwork/],
     ["a failure ratio above 1", { monitoring: { rules: { settlementFailureRatio: 5 } } }, /monitoring\.rules\.settlementFailureRatio: Must be less than or equal to 1/],

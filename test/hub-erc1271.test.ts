@@ -1,5 +1,7 @@
 // Contract wallets (ERC-1271): a deployed wallet's signed write is accepted through the RPC, a
 // signature its owner did not make is refused, and an unreachable RPC is a 503, not a 401 or 500.
+import { createServer, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createWalletClient, createPublicClient, http, type Abi, type Address, type Hex } from "viem";
 import { generatePrivateKey, mnemonicToAccount, privateKeyToAccount } from "viem/accounts";
@@ -134,5 +136,65 @@ describe("contract wallets without a usable RPC", () => {
 
   it("refuses to start when the configured chain id differs from the RPC's", async () => {
     await expect(startTestHub("embedded", { rpcUrl: anvil.rpcUrl, chainId: 8453 })).rejects.toThrow(/reports chain id 84532, but the hub is configured for chain id 8453/);
+  });
+});
+
+describe("ERC-1271 checks come after the rate limits", () => {
+  // A JSON-RPC proxy in front of anvil that counts the calls a signature check makes.
+  let proxy: Server;
+  let proxyUrl = "";
+  let checks = 0;
+  beforeAll(async () => {
+    proxy = createServer((req, res) => {
+      const chunks: Buffer[] = [];
+      req.on("data", (c: Buffer) => chunks.push(c));
+      req.on("end", () => {
+        const body = Buffer.concat(chunks).toString();
+        const calls = ([] as { method?: string }[]).concat(JSON.parse(body) as { method?: string });
+        checks += calls.filter((c) => c.method === "eth_getCode" || c.method === "eth_call").length;
+        fetch(anvil.rpcUrl, { method: "POST", headers: { "content-type": "application/json" }, body })
+          .then(async (r) => res.writeHead(r.status, { "content-type": "application/json" }).end(await r.text()))
+          .catch(() => res.writeHead(502).end());
+      });
+    });
+    await new Promise<void>((resolve) => proxy.listen(0, "127.0.0.1", resolve));
+    proxyUrl = `http://127.0.0.1:${(proxy.address() as AddressInfo).port}`;
+  });
+  afterAll(() => new Promise<void>((resolve) => proxy?.close(() => resolve())));
+
+  const clock = Date.UTC(2030, 0, 1); // frozen: no bucket refills during the test
+  const forge = async (hub: TestHub, i: number) => {
+    const fields = { owner: walletAddress, bucket: "wallet", id: `forged_${i}`, message: "m" };
+    const stranger = privateKeyToAccount(generatePrivateKey());
+    return send(`${hub.url}/api/upload`, { headers: { ...JSON_TYPE, ...(await signedHeaders(stranger, hub.domain, fields, { now: clock })) }, body: JSON.stringify(fields) });
+  };
+
+  it("an anonymous caller cannot make the hub spend RPC calls past its write-attempt limit", async () => {
+    const hub = await startTestHub("embedded", { rpcUrl: proxyUrl, now: () => clock, writeAttemptRateLimit: { burst: 2, perSecond: 1 } });
+    try {
+      checks = 0;
+      for (const i of [0, 1]) expect(errorCode(await forge(hub, i))).toBe("invalid_signature");
+      const spent = checks;
+      expect(spent).toBeGreaterThan(0); // the two allowed attempts did ask the chain
+      for (const i of [2, 3, 4, 5, 6, 7]) expect(errorCode(await forge(hub, i))).toBe("rate_limited");
+      expect(checks).toBe(spent);
+    } finally {
+      await hub.stop();
+    }
+  });
+
+  it("an owner at its write limit is refused before its contract is asked", async () => {
+    const hub = await startTestHub("embedded", { rpcUrl: proxyUrl, now: () => clock, writeRateLimit: { burst: 1, perSecond: 1 } });
+    hub.track(walletAddress);
+    try {
+      const fields = { owner: walletAddress, bucket: "wallet", id: "limited", message: "m" };
+      const ok = await send(`${hub.url}/api/upload`, { headers: { ...JSON_TYPE, ...(await signedHeaders(walletOwner, hub.domain, fields, { now: clock })) }, body: JSON.stringify(fields) });
+      expect(ok.status, ok.text).toBe(200);
+      checks = 0;
+      for (const i of [0, 1, 2]) expect(errorCode(await forge(hub, i))).toBe("rate_limited");
+      expect(checks).toBe(0);
+    } finally {
+      await hub.stop();
+    }
   });
 });

@@ -81,6 +81,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     bodyLimit: config.bodyLimit,
     service: "facilitator",
     metrics,
+    longestHandlerMs: config.receiptTimeoutMs, // a settle waits for its receipt up to this bound
     handlers: {
       verify: async (body) => ok(await facilitator.verify(body)),
       settle: async (body, caller) => ok(await facilitator.settle(body, caller)),

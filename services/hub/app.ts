@@ -6,17 +6,19 @@ import formbody from "@fastify/formbody";
 import { stringToBytes } from "viem";
 import type { Logger } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
+import { resolveServerTimeouts, serverTimeoutOptions, type ServerTimeouts } from "../platform/timeouts.ts";
 import { withServerSpan } from "../platform/tracing.ts";
 import { AUTH_HEADERS, DEFAULT_MAX_EXPIRY_SECONDS, HUB_WRITE_TYPES, authorizeWrite, hubMessageHash, readAuthorization, type HubDomain, type SignatureVerifier } from "./auth.ts";
 import { HubError } from "./errors.ts";
 import { createRateLimiter, type RateLimit, type RateLimiter } from "./rate-limit.ts";
-import { NonceReusedError, type HubStore } from "./store.ts";
+import { DEFAULT_STORE_LIMITS, NonceReusedError, QuotaExceededError, type HubStore, type StoreLimits } from "./store.ts";
 import { collectFields, conversationOf, parseConversation, parseDownload, parseForm, parseHistory, parseUpload } from "./wire.ts";
 
 /** The original's limit on JSON bodies. */
 export const DEFAULT_HUB_BODY_LIMIT = 4 * 1024 * 1024;
 export const DEFAULT_WRITE_RATE_LIMIT: RateLimit = { burst: 200, perSecond: 50 };
 export const DEFAULT_READ_RATE_LIMIT: RateLimit = { burst: 1000, perSecond: 200 };
+export const DEFAULT_WRITE_ATTEMPT_RATE_LIMIT: RateLimit = { burst: 200, perSecond: 50 };
 
 export interface HubAppOptions {
   logger: Logger;
@@ -31,12 +33,28 @@ export interface HubAppOptions {
   maxExpirySeconds?: number;
   /** Per owner, counted after the signature is checked (unsigned requests cannot use up an owner's quota). */
   writeRateLimit?: RateLimit;
-  /** Per owner whose data is read. */
+  /** Per caller (client address): every upload, before any signature work (an ERC-1271 check costs RPC calls). */
+  writeAttemptRateLimit?: RateLimit;
+  /** Per caller (client address): reads, whichever owners they read. */
   readRateLimit?: RateLimit;
+  /** Whose X-Forwarded-For names the caller: true (any peer), a hop count, or proxy addresses/CIDRs; default none (the peer is the caller). */
+  trustProxy?: TrustProxy;
+  /** The store's quota and version limits, for GET /api/info (the store enforces them). */
+  storeLimits?: StoreLimits;
   /** Whether contract-wallet (ERC-1271) signatures can be checked (an RPC is configured). */
   contractWallets?: boolean;
+  /** Connection bounds (slow clients); unset ones come from HTTP_*_TIMEOUT_MS or the defaults. */
+  timeouts?: Partial<ServerTimeouts>;
   /** Clock in ms (tests pass their own). */
   now?: () => number;
+}
+
+export type TrustProxy = boolean | number | string[];
+
+/** Fastify's form of the setting: a hop count trusts that many proxies in front of the hub. */
+function fastifyTrustProxy(t: TrustProxy | undefined): boolean | string[] | ((address: string, hop: number) => boolean) {
+  if (typeof t === "number") return (_address, hop) => hop < t;
+  return t ?? false;
 }
 
 const decoder = new TextDecoder();
@@ -74,13 +92,17 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
   const maxExpirySeconds = opts.maxExpirySeconds ?? DEFAULT_MAX_EXPIRY_SECONDS;
   const now = opts.now ?? Date.now;
   const writes = createRateLimiter(opts.writeRateLimit ?? DEFAULT_WRITE_RATE_LIMIT, now);
+  const writeAttempts = createRateLimiter(opts.writeAttemptRateLimit ?? DEFAULT_WRITE_ATTEMPT_RATE_LIMIT, now);
   const reads = createRateLimiter(opts.readRateLimit ?? DEFAULT_READ_RATE_LIMIT, now);
+  const storeLimits = opts.storeLimits ?? DEFAULT_STORE_LIMITS;
   const { store, domain } = opts;
 
   const app = Fastify({
     loggerInstance: opts.logger as FastifyBaseLogger,
     bodyLimit,
     return503OnClosing: true,
+    trustProxy: fastifyTrustProxy(opts.trustProxy),
+    ...serverTimeoutOptions(resolveServerTimeouts(opts.timeouts)),
     // Query strings decode exactly like form bodies (one decoder, one rule for repeated names).
     routerOptions: { querystringParser: (s: string) => parseForm(s) },
   });
@@ -144,19 +166,22 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
     try {
       return await fn();
     } catch (e) {
-      if (e instanceof HubError || e instanceof NonceReusedError) throw e;
+      if (e instanceof HubError || e instanceof NonceReusedError || e instanceof QuotaExceededError) throw e;
       const err = e as { message?: string; code?: string };
       request.log.error({ err: { message: err?.message?.split("\n")[0], code: err?.code }, op: what }, "hub storage failed");
       throw new HubError("backend_unavailable", `the store could not ${what}; try again`);
     }
   }
 
-  function limit(limiter: RateLimiter, owner: string, what: string) {
-    const decision = limiter.take(owner);
+  /** Uses a token of `key` (or, with peek, only checks there is one); 429 with Retry-After when none is left. */
+  function limit(limiter: RateLimiter, key: string, what: string, peek = false) {
+    const decision = peek ? limiter.check(key) : limiter.take(key);
     if (!decision.ok) {
-      throw new HubError("rate_limited", `too many ${what} for owner ${owner}; retry in ${decision.retryAfterSeconds} s`, { "retry-after": String(decision.retryAfterSeconds) });
+      throw new HubError("rate_limited", `too many ${what}; retry in ${decision.retryAfterSeconds} s`, { "retry-after": String(decision.retryAfterSeconds) });
     }
   }
+  /** The caller's address: the peer, or what a trusted proxy says (trustProxy). */
+  const callerOf = (request: FastifyRequest) => request.ip;
 
   const fieldsOf = (request: FastifyRequest) => collectFields(request.query, request.body);
 
@@ -175,19 +200,23 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
       });
 
   const upload = async (request: FastifyRequest, reply: FastifyReply) => {
+    // Limits come before any signature work: an ERC-1271 check costs the hub RPC calls.
+    limit(writeAttempts, callerOf(request), "writes from this client");
     const fields = fieldsOf(request);
     const req = parseUpload(fields);
     // The authorisation comes from headers or the body, never the query string (URLs end up in logs).
     const auth = readAuthorization(request.headers, collectFields(undefined, request.body));
     const bytes = stringToBytes(req.message);
     const messageHash = hubMessageHash(req.message);
+    // An owner at its limit is refused before the check; its token is used only once the signature holds.
+    limit(writes, req.owner, `writes for owner ${req.owner}`, true);
     const write = await authorizeWrite({ operation: "upload", owner: req.owner, bucket: req.bucket, id: req.id, kind: req.kind, messageHash }, auth, {
       domain,
       verifier: opts.verifier,
       nowSeconds: now() / 1000,
       maxExpirySeconds,
     });
-    limit(writes, req.owner, "writes");
+    limit(writes, req.owner, `writes for owner ${req.owner}`);
     const conversation = conversationOf(req.id);
     let stored;
     try {
@@ -207,6 +236,14 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
       );
     } catch (e) {
       if (e instanceof NonceReusedError) throw new HubError("replayed_nonce", `nonce ${write.nonce} was already used by owner ${req.owner}; sign every write with a fresh nonce`);
+      if (e instanceof QuotaExceededError) {
+        throw new HubError(
+          "quota_exceeded",
+          e.limit === "bytes"
+            ? `owner ${req.owner} would store ${e.wouldUse} bytes, over its quota of ${e.max}; nothing was stored and the nonce is unused`
+            : `owner ${req.owner} would have ${e.wouldUse} keys, over its quota of ${e.max}; nothing was stored and the nonce is unused`,
+        );
+      }
       throw e;
     }
     return reply.send({ owner: req.owner, bucket: req.bucket, id: req.id, kind: req.kind, version: stored.version, messageHash, size: bytes.length, createdAt: stored.createdAt });
@@ -214,7 +251,7 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
 
   const download = async (request: FastifyRequest, reply: FastifyReply) => {
     const req = parseDownload(fieldsOf(request));
-    limit(reads, req.owner, "reads");
+    limit(reads, callerOf(request), "reads from this client");
     const value = await storage(request, "read the value", () => store.read(req.owner, req.id, req.version));
     if (!value) {
       throw new HubError("not_found", req.version === undefined ? `owner ${req.owner} has no value ${req.id}` : `owner ${req.owner} has no version ${req.version} of ${req.id}`);
@@ -229,7 +266,7 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
 
   const conversation = async (request: FastifyRequest, reply: FastifyReply) => {
     const req = parseConversation(fieldsOf(request));
-    limit(reads, req.owner, "reads");
+    limit(reads, callerOf(request), "reads from this client");
     if (req.id === undefined) {
       const ids = await storage(request, "list conversations", () => store.listConversations(req.owner, req.bucket, req.offset, req.length));
       return reply.send(ids);
@@ -241,7 +278,7 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
 
   const history = async (request: FastifyRequest, reply: FastifyReply) => {
     const req = parseHistory(fieldsOf(request));
-    limit(reads, req.owner, "reads");
+    limit(reads, callerOf(request), "reads from this client");
     const found = await storage(request, "read the history", () => store.history(req.owner, req.id, req.offset, req.length));
     if (!found) throw new HubError("not_found", `owner ${req.owner} has no value ${req.id}`);
     return reply.send({
@@ -267,6 +304,7 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
       maxExpirySeconds,
       bodyLimit,
       contractWallets: Boolean(opts.contractWallets),
+      quota: { bytesPerOwner: storeLimits.maxBytesPerOwner, keysPerOwner: storeLimits.maxKeysPerOwner, versionsPerKey: storeLimits.maxVersionsPerKey },
     }),
   );
 

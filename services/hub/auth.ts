@@ -25,10 +25,27 @@ export const HUB_DOMAIN_VERSION = "1";
 /** The longest a signed write may stay valid: expiries further out are refused. */
 export const DEFAULT_MAX_EXPIRY_SECONDS = 600;
 
+/**
+ * The EIP-712 domain. `name`, `version` and `chainId` always; `verifyingContract` and `salt` only
+ * when a deployment sets them (the default domain stays the one existing clients sign for).
+ */
 export interface HubDomain {
   name: string;
   version: string;
   chainId: number;
+  verifyingContract?: Address;
+  salt?: Hex;
+}
+
+/** A domain with only the optional fields that are set (GET /api/info shows exactly what is signed). */
+export function hubDomain(d: { name: string; chainId: number; verifyingContract?: Address; salt?: Hex }): HubDomain {
+  return {
+    name: d.name,
+    version: HUB_DOMAIN_VERSION,
+    chainId: d.chainId,
+    ...(d.verifyingContract ? { verifyingContract: d.verifyingContract } : {}),
+    ...(d.salt ? { salt: d.salt.toLowerCase() as Hex } : {}),
+  };
 }
 
 export const HUB_WRITE_TYPES = {
@@ -197,7 +214,7 @@ export async function authorizeWrite(write: Omit<HubWrite, "nonce" | "expiry">, 
   if (!ok) {
     throw new HubError(
       "invalid_signature",
-      `the signature is not the owner's (${write.owner}) over this write (domain ${opts.domain.name} v${opts.domain.version} chain ${opts.domain.chainId}, operation, owner, bucket, id, kind, message hash, nonce, expiry)`,
+      `the signature is not the owner's (${write.owner}) over this write (domain ${opts.domain.name} v${opts.domain.version} chain ${opts.domain.chainId}${opts.domain.verifyingContract ? ` contract ${opts.domain.verifyingContract}` : ""}${opts.domain.salt ? ` salt ${opts.domain.salt}` : ""} from GET /api/info, operation, owner, bucket, id, kind, message hash, nonce, expiry)`,
     );
   }
   return signed;

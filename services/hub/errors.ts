@@ -15,6 +15,7 @@ export type HubErrorCode =
   | "expiry_too_far"
   | "replayed_nonce"
   | "rate_limited"
+  | "quota_exceeded"
   | "backend_unavailable"
   | "internal_error";
 
@@ -31,6 +32,7 @@ const STATUS: Record<HubErrorCode, number> = {
   expiry_too_far: 401,
   replayed_nonce: 401,
   rate_limited: 429,
+  quota_exceeded: 413,
   backend_unavailable: 503,
   internal_error: 500,
 };

@@ -1,5 +1,5 @@
-// Per-owner token buckets (in memory, per replica): a burst, then a steady rate. The clock is
-// passed in, so limits are testable without waiting.
+// Token buckets by key (a caller's address, an owner; in memory, per replica): a burst, then a
+// steady rate. The clock is passed in, so limits are testable without waiting.
 
 export interface RateLimit {
   /** Requests allowed at once. */
@@ -11,7 +11,10 @@ export interface RateLimit {
 export type RateDecision = { ok: true } | { ok: false; retryAfterSeconds: number };
 
 export interface RateLimiter {
+  /** Uses one token of `key`'s bucket, or says how long to wait. */
   take(key: string): RateDecision;
+  /** The decision `take` would make, without using a token. */
+  check(key: string): RateDecision;
 }
 
 interface Bucket {
@@ -36,6 +39,12 @@ export function createRateLimiter(limit: RateLimit, now: () => number = Date.now
     while (buckets.size > maxKeys) buckets.delete(buckets.keys().next().value as string);
   };
 
+  const decide = (b: Bucket | undefined): RateDecision => {
+    if (!b || b.tokens >= 1) return { ok: true };
+    const wait = limit.perSecond > 0 ? (1 - b.tokens) / limit.perSecond : Number.POSITIVE_INFINITY;
+    return { ok: false, retryAfterSeconds: Number.isFinite(wait) ? Math.max(1, Math.ceil(wait)) : 3600 };
+  };
+
   return {
     take(key) {
       const t = now();
@@ -45,12 +54,14 @@ export function createRateLimiter(limit: RateLimit, now: () => number = Date.now
         b = { tokens: limit.burst, at: t };
         buckets.set(key, b);
       } else refill(b, t);
-      if (b.tokens >= 1) {
-        b.tokens -= 1;
-        return { ok: true };
-      }
-      const wait = limit.perSecond > 0 ? (1 - b.tokens) / limit.perSecond : Number.POSITIVE_INFINITY;
-      return { ok: false, retryAfterSeconds: Number.isFinite(wait) ? Math.max(1, Math.ceil(wait)) : 3600 };
+      const decision = decide(b);
+      if (decision.ok) b.tokens -= 1;
+      return decision;
+    },
+    check(key) {
+      const b = buckets.get(key);
+      if (b) refill(b, now());
+      return decide(b);
     },
   };
 }

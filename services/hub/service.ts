@@ -1,15 +1,16 @@
 // Starts the hub: the database (embedded engine under a data directory, or PostgreSQL by URL) with
 // the hub's migrations, the signature verifier (ERC-1271 through an RPC when one is configured),
 // the HTTP app, the admin port (/metrics, /healthz, /readyz), and a periodic sweep of expired nonces.
-import { createPublicClient, http, type PublicClient } from "viem";
+import { createPublicClient, getAddress, http, isAddress, type Address, type Hex, type PublicClient } from "viem";
 import { startAdminServer, type RunningAdmin } from "../platform/admin.ts";
 import { createLogger, endpointName, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
+import type { ServerTimeouts } from "../platform/timeouts.ts";
 import { describeDatabase, migrate, openDatabase, type Database } from "../platform/storage.ts";
-import { createHubApp, DEFAULT_HUB_BODY_LIMIT } from "./app.ts";
-import { createSignatureVerifier, DEFAULT_HUB_DOMAIN_NAME, DEFAULT_MAX_EXPIRY_SECONDS, HUB_DOMAIN_VERSION, type HubDomain } from "./auth.ts";
+import { createHubApp, DEFAULT_HUB_BODY_LIMIT, type TrustProxy } from "./app.ts";
+import { createSignatureVerifier, DEFAULT_HUB_DOMAIN_NAME, DEFAULT_MAX_EXPIRY_SECONDS, hubDomain, type HubDomain } from "./auth.ts";
 import type { RateLimit } from "./rate-limit.ts";
-import { createHubStore, HUB_MIGRATIONS } from "./store.ts";
+import { createHubStore, DEFAULT_STORE_LIMITS, HUB_MIGRATIONS, type StoreLimits } from "./store.ts";
 
 /** The EIP-712 chain id when no RPC is configured and none is given (Base). */
 export const DEFAULT_HUB_CHAIN_ID = 8453;
@@ -35,10 +36,24 @@ export interface HubServiceOptions {
   chainId?: number;
   /** The EIP-712 domain's name: give each deployment its own so signatures cannot cross between them. */
   domainName?: string;
+  /** The EIP-712 domain's salt (32 bytes hex): set per deployment (the chart derives one per release). */
+  domainSalt?: Hex;
+  /** The EIP-712 domain's verifyingContract: an address that names this deployment. */
+  domainVerifyingContract?: Address;
   bodyLimit?: number;
   maxExpirySeconds?: number;
+  /** Per owner, after the signature holds. */
   writeRateLimit?: RateLimit;
+  /** Per caller, every upload, before any signature check. */
+  writeAttemptRateLimit?: RateLimit;
+  /** Per caller. */
   readRateLimit?: RateLimit;
+  /** Whose X-Forwarded-For names the caller (the ingress); default none. */
+  trustProxy?: TrustProxy;
+  /** Quota per owner and versions kept per key; unset fields keep their defaults, 0 is no limit. */
+  storeLimits?: Partial<StoreLimits>;
+  /** Connection bounds of the public and admin ports; unset ones come from HTTP_*_TIMEOUT_MS or the defaults. */
+  httpTimeouts?: Partial<ServerTimeouts>;
   logger?: Logger;
   /** Clock in ms (tests pass their own). */
   now?: () => number;
@@ -73,11 +88,20 @@ export async function startHubService(opts: HubServiceOptions = {}): Promise<Run
     publicClient = rpc.client;
     chainId = rpc.chainId;
   }
-  const domain: HubDomain = { name: opts.domainName ?? DEFAULT_HUB_DOMAIN_NAME, version: HUB_DOMAIN_VERSION, chainId };
+  if (opts.domainSalt !== undefined && !/^0x[0-9a-fA-F]{64}$/.test(opts.domainSalt)) throw new Error("hub: the domain salt must be 32 bytes as 0x-prefixed hex");
+  if (opts.domainVerifyingContract !== undefined && !isAddress(opts.domainVerifyingContract, { strict: false })) throw new Error("hub: the domain's verifyingContract must be a 0x address");
+  const domain: HubDomain = hubDomain({
+    name: opts.domainName ?? DEFAULT_HUB_DOMAIN_NAME,
+    chainId,
+    verifyingContract: opts.domainVerifyingContract ? getAddress(opts.domainVerifyingContract) : undefined,
+    salt: opts.domainSalt,
+  });
+  const storeLimits: StoreLimits = { ...DEFAULT_STORE_LIMITS, ...Object.fromEntries(Object.entries(opts.storeLimits ?? {}).filter(([, v]) => v !== undefined)) };
+  for (const [k, v] of Object.entries(storeLimits)) if (!Number.isSafeInteger(v) || v < 0) throw new Error(`hub: ${k} must be a non-negative integer (0: no limit)`);
 
   const db = opts.db ?? (await openDatabase({ url: opts.databaseUrl, dataDir: opts.databaseUrl ? undefined : opts.dataDir }));
   await migrate(db, HUB_MIGRATIONS);
-  const store = createHubStore(db);
+  const store = createHubStore(db, storeLimits);
   const now = opts.now ?? Date.now;
   const metrics = createMetrics("hub");
   const app = createHubApp({
@@ -89,8 +113,12 @@ export async function startHubService(opts: HubServiceOptions = {}): Promise<Run
     bodyLimit: opts.bodyLimit ?? DEFAULT_HUB_BODY_LIMIT,
     maxExpirySeconds: opts.maxExpirySeconds ?? DEFAULT_MAX_EXPIRY_SECONDS,
     writeRateLimit: opts.writeRateLimit,
+    writeAttemptRateLimit: opts.writeAttemptRateLimit,
     readRateLimit: opts.readRateLimit,
+    trustProxy: opts.trustProxy,
+    storeLimits,
     contractWallets: Boolean(publicClient),
+    timeouts: opts.httpTimeouts,
     now,
   });
 
@@ -110,6 +138,7 @@ export async function startHubService(opts: HubServiceOptions = {}): Promise<Run
       registry: metrics.registry,
       logger,
       checks: [{ name: "database", check: async () => (await store.ping(), true) }],
+      timeouts: opts.httpTimeouts,
     });
     address = await app.listen({ host, port });
   } catch (e) {

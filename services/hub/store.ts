@@ -1,5 +1,6 @@
 // The hub's SQL repository on the project's one storage layer (embedded engine or PostgreSQL, same
-// SQL): keys per owner with every version kept, conversations, and the single-use write nonces.
+// SQL): keys per owner with their recent versions, conversations, the single-use write nonces, and
+// each owner's usage (bytes and keys) against its quota.
 import type { Database, Migration, Queryable } from "../platform/storage.ts";
 
 export const HUB_MIGRATIONS: Migration[] = [
@@ -48,7 +49,36 @@ CREATE TABLE hub_nonces (
 );
 CREATE INDEX hub_nonces_expiry ON hub_nonces (expires_at)`,
   },
+  {
+    // Usage per owner, kept in the write's transaction; the row is also the lock that serialises
+    // one owner's writes, so the quota holds under concurrency and across replicas.
+    id: "hub/002_usage",
+    sql: `
+CREATE TABLE hub_usage (
+  owner text PRIMARY KEY,
+  bytes bigint NOT NULL DEFAULT 0,
+  keys bigint NOT NULL DEFAULT 0
+);
+INSERT INTO hub_usage (owner, bytes, keys)
+SELECT owner, sum(bytes), sum(keys) FROM (
+  SELECT owner, octet_length(message)::bigint AS bytes, 0::bigint AS keys FROM hub_versions
+  UNION ALL
+  SELECT owner, 0::bigint, 1::bigint FROM hub_keys
+) u GROUP BY owner`,
+  },
 ];
+
+/** What one owner may keep, and how many versions of a key; 0 means no limit. */
+export interface StoreLimits {
+  /** Bytes of stored messages (every kept version counts). */
+  maxBytesPerOwner: number;
+  /** Distinct keys (ids). */
+  maxKeysPerOwner: number;
+  /** Versions kept per key: older ones are deleted by the write that goes past it; the latest is always kept. */
+  maxVersionsPerKey: number;
+}
+
+export const DEFAULT_STORE_LIMITS: StoreLimits = { maxBytesPerOwner: 100 * 1024 * 1024, maxKeysPerOwner: 100_000, maxVersionsPerKey: 100 };
 
 export interface WriteInput {
   owner: string;
@@ -78,6 +108,17 @@ export interface StoredValue extends VersionInfo {
   message: Uint8Array;
 }
 
+/** The write would take the owner past its quota; nothing was stored and the nonce is not used. */
+export class QuotaExceededError extends Error {
+  constructor(
+    readonly limit: "bytes" | "keys",
+    readonly max: number,
+    readonly wouldUse: number,
+  ) {
+    super(`quota exceeded (${limit})`);
+  }
+}
+
 /** The nonce of a write was already used by this owner. */
 export class NonceReusedError extends Error {
   constructor() {
@@ -86,8 +127,13 @@ export class NonceReusedError extends Error {
 }
 
 export interface HubStore {
-  /** Stores a new version of (owner, id), consuming the nonce in the same transaction. */
+  /**
+   * Stores a new version of (owner, id), consuming the nonce, pruning versions past the limit and
+   * accounting the owner's usage in the same transaction; QuotaExceededError rolls it all back.
+   */
   write(input: WriteInput): Promise<VersionInfo>;
+  /** What the owner stores: message bytes of every kept version, and distinct keys. */
+  usage(owner: string): Promise<{ bytes: number; keys: number }>;
   /** The latest version, or the given one. */
   read(owner: string, id: string, version?: number): Promise<StoredValue | undefined>;
   /** Versions in order (oldest first), paged; undefined when the key does not exist. */
@@ -120,9 +166,14 @@ function toStored(row: VersionRow): StoredValue {
   return { ...toVersion(row), message: row.message ?? new Uint8Array() };
 }
 
-async function writeIn(tx: Queryable, w: WriteInput): Promise<VersionInfo> {
+async function writeIn(tx: Queryable, w: WriteInput, limits: StoreLimits): Promise<VersionInfo> {
   const fresh = await tx.query("INSERT INTO hub_nonces (owner, nonce, expires_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING 1", [w.owner, w.nonce, w.expiry.toString()]);
   if (fresh.length === 0) throw new NonceReusedError();
+  // Locks the owner's usage row first (every writer of the owner in the same order: no deadlock).
+  const [usage] = await tx.query<{ bytes: string | number; keys: string | number }>(
+    "INSERT INTO hub_usage (owner) VALUES ($1) ON CONFLICT (owner) DO UPDATE SET owner = EXCLUDED.owner RETURNING bytes, keys",
+    [w.owner],
+  );
   // The upsert takes the key's row lock: concurrent writers of one key get consecutive versions.
   const [key] = await tx.query<{ latest_version: number }>(
     `INSERT INTO hub_keys (owner, id, bucket, kind, latest_version, conversation_id) VALUES ($1, $2, $3, $4, 1, $5)
@@ -135,6 +186,22 @@ async function writeIn(tx: Queryable, w: WriteInput): Promise<VersionInfo> {
      RETURNING version, bucket, kind, message_hash, created_at`,
     [w.owner, w.id, key!.latest_version, w.bucket, w.kind, w.message, w.messageHash, w.nonce],
   );
+  const latest = Number(key!.latest_version);
+  let pruned = 0;
+  if (limits.maxVersionsPerKey > 0 && latest > limits.maxVersionsPerKey) {
+    // Only versions at or below latest - N: the one just written is never among them.
+    const gone = await tx.query<{ size: string | number }>("DELETE FROM hub_versions WHERE owner = $1 AND id = $2 AND version <= $3 RETURNING octet_length(message) AS size", [
+      w.owner,
+      w.id,
+      latest - limits.maxVersionsPerKey,
+    ]);
+    pruned = gone.reduce((n, r) => n + Number(r.size), 0);
+  }
+  const bytes = Number(usage!.bytes) + w.message.byteLength - pruned;
+  const keys = Number(usage!.keys) + (latest === 1 ? 1 : 0);
+  if (limits.maxBytesPerOwner > 0 && bytes > limits.maxBytesPerOwner) throw new QuotaExceededError("bytes", limits.maxBytesPerOwner, bytes);
+  if (limits.maxKeysPerOwner > 0 && keys > limits.maxKeysPerOwner) throw new QuotaExceededError("keys", limits.maxKeysPerOwner, keys);
+  await tx.query("UPDATE hub_usage SET bytes = $2, keys = $3 WHERE owner = $1", [w.owner, bytes, keys]);
   if (w.startsConversation && w.conversationId !== undefined) {
     await tx.query(
       `INSERT INTO hub_conversations (owner, conversation_id, bucket) VALUES ($1, $2, $3)
@@ -145,9 +212,14 @@ async function writeIn(tx: Queryable, w: WriteInput): Promise<VersionInfo> {
   return toVersion(row!);
 }
 
-export function createHubStore(db: Database): HubStore {
+export function createHubStore(db: Database, limits: StoreLimits = DEFAULT_STORE_LIMITS): HubStore {
   return {
-    write: (input) => db.transaction((tx) => writeIn(tx, input)),
+    write: (input) => db.transaction((tx) => writeIn(tx, input, limits)),
+
+    async usage(owner) {
+      const [row] = await db.query<{ bytes: string | number; keys: string | number }>("SELECT bytes, keys FROM hub_usage WHERE owner = $1", [owner]);
+      return { bytes: Number(row?.bytes ?? 0), keys: Number(row?.keys ?? 0) };
+    },
 
     async read(owner, id, version) {
       const rows =

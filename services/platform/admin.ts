@@ -3,6 +3,7 @@
 import Fastify, { type FastifyBaseLogger } from "fastify";
 import type { Registry } from "prom-client";
 import type { Logger } from "./logger.ts";
+import { resolveServerTimeouts, serverTimeoutOptions, type ServerTimeouts } from "./timeouts.ts";
 
 export interface ReadinessCheck {
   name: string;
@@ -18,6 +19,8 @@ export interface AdminOptions {
   logger: Logger;
   /** Per-check bound so /readyz itself never hangs. */
   checkTimeoutMs?: number;
+  /** Connection bounds (slow clients); unset ones come from HTTP_*_TIMEOUT_MS or the defaults. */
+  timeouts?: Partial<ServerTimeouts>;
 }
 
 export interface RunningAdmin {
@@ -36,7 +39,7 @@ async function runCheck(c: ReadinessCheck, timeoutMs: number): Promise<boolean> 
 }
 
 export async function startAdminServer(opts: AdminOptions): Promise<RunningAdmin> {
-  const app = Fastify({ loggerInstance: opts.logger as FastifyBaseLogger });
+  const app = Fastify({ loggerInstance: opts.logger as FastifyBaseLogger, ...serverTimeoutOptions(resolveServerTimeouts(opts.timeouts)) });
   app.get("/metrics", async (_req, reply) => reply.type(opts.registry.contentType).send(await opts.registry.metrics()));
   app.get("/healthz", async () => ({ status: "ok" }));
   app.get("/readyz", async (_req, reply) => {

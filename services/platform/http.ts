@@ -4,6 +4,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyRepl
 import { RequestError } from "../x402/errors.ts";
 import type { Logger } from "./logger.ts";
 import type { Metrics } from "./metrics.ts";
+import { resolveServerTimeouts, serverTimeoutOptions, type ServerTimeouts } from "./timeouts.ts";
 import { withServerSpan } from "./tracing.ts";
 
 /** What of a request's headers a handler may use: the caller's credentials (forwarded by the router). */
@@ -31,6 +32,10 @@ export interface ContractAppOptions {
   /** Service name for metrics and spans ("router", "facilitator"). */
   service: string;
   metrics: Metrics;
+  /** Connection bounds (slow clients); unset ones come from HTTP_*_TIMEOUT_MS or the defaults. */
+  timeouts?: Partial<ServerTimeouts>;
+  /** The longest a handler may wait (a settle's receipt bound): the idle bound must exceed it. */
+  longestHandlerMs?: number;
 }
 
 export const DEFAULT_BODY_LIMIT = 64 * 1024;
@@ -112,7 +117,8 @@ function toRequestError(error: unknown): RequestError | undefined {
 
 export function createContractApp(opts: ContractAppOptions): FastifyInstance {
   const bodyLimit = opts.bodyLimit ?? DEFAULT_BODY_LIMIT;
-  const app = Fastify({ loggerInstance: opts.logger as FastifyBaseLogger, bodyLimit, return503OnClosing: true });
+  const timeouts = resolveServerTimeouts(opts.timeouts, { longestHandlerMs: opts.longestHandlerMs });
+  const app = Fastify({ loggerInstance: opts.logger as FastifyBaseLogger, bodyLimit, return503OnClosing: true, ...serverTimeoutOptions(timeouts) });
 
   acceptJsonBodies(app, bodyLimit, (detail) => new RequestError("invalid_json", detail));
 

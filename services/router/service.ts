@@ -31,7 +31,8 @@ export async function startRouterService(config: RouterConfig, logger: Logger = 
   });
   const probe = setInterval(() => void router.probeBackends(), config.probeIntervalMs ?? 5000);
   probe.unref();
-  const app = createContractApp({ logger, bodyLimit: config.bodyLimit, handlers: router, service: "router", metrics });
+  // A settle is forwarded with a 60 s bound (router.ts): the connection must outlive it.
+  const app = createContractApp({ logger, bodyLimit: config.bodyLimit, handlers: router, service: "router", metrics, longestHandlerMs: 60_000 });
   const admin = await startAdminServer({
     host: config.host,
     port: config.adminPort ?? (config.port === 0 ? 0 : 9420), // an ephemeral public port implies an ephemeral admin port

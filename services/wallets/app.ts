@@ -6,6 +6,7 @@ import { randomBytes } from "node:crypto";
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
 import type { Logger } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
+import { resolveServerTimeouts, serverTimeoutOptions, type ServerTimeouts } from "../platform/timeouts.ts";
 import { withServerSpan } from "../platform/tracing.ts";
 import { approvePermit2 } from "./approvals.ts";
 import { walletBalances } from "./balances.ts";
@@ -18,7 +19,7 @@ import type { KeyringSource } from "./keyring.ts";
 import { payFor, type Caller, type PaymentsDeps } from "./payments.ts";
 import { EMPTY_POLICY, parsePolicy, WALLET_SCHEMES } from "./policy.ts";
 import type { Rotator } from "./rotation.ts";
-import type { Wallet, WalletStore } from "./store.ts";
+import { MasterKeyRetiredError, type CreateWalletInput, type Wallet, type WalletStore } from "./store.ts";
 import { createApiKeyBody, createPlatformBody, createWalletBody, parseBody, parseFetchRequest, parseNetworkQuery, parsePage, parsePayRequest, permit2ApprovalBody } from "./wire.ts";
 import type { Caip2 } from "../x402/networks.ts";
 import { acceptJsonBodies } from "../platform/http.ts";
@@ -40,6 +41,10 @@ export interface WalletsAppOptions {
   now?: () => number;
   maxAuthorizationSeconds?: number;
   bodyLimit?: number;
+  /** Connection bounds (slow clients); unset ones come from HTTP_*_TIMEOUT_MS or the defaults. */
+  timeouts?: Partial<ServerTimeouts>;
+  /** The longest a handler may wait (/fetch: two upstream requests): the idle bound must exceed it. */
+  longestHandlerMs?: number;
 }
 
 const WALLET_ID = /^wal_[0-9a-f]{24}$/;
@@ -90,7 +95,8 @@ export function createWalletsApp(opts: WalletsAppOptions): FastifyInstance {
     maxAuthorizationSeconds: opts.maxAuthorizationSeconds ?? DEFAULT_MAX_AUTHORIZATION_SECONDS,
   };
 
-  const app = Fastify({ loggerInstance: opts.logger as FastifyBaseLogger, bodyLimit, return503OnClosing: true });
+  const timeouts = resolveServerTimeouts(opts.timeouts, { longestHandlerMs: opts.longestHandlerMs });
+  const app = Fastify({ loggerInstance: opts.logger as FastifyBaseLogger, bodyLimit, return503OnClosing: true, ...serverTimeoutOptions(timeouts) });
 
   acceptJsonBodies(app, bodyLimit, (detail) => new WalletError("invalid_json", detail));
 
@@ -200,10 +206,29 @@ export function createWalletsApp(opts: WalletsAppOptions): FastifyInstance {
     const body = parseBody(createWalletBody, request.body);
     const policy = body.policy === undefined ? EMPTY_POLICY : parsePolicy(body.policy);
     const id = `wal_${randomBytes(12).toString("hex")}`;
-    const { address, sealed } = createSealedKey(id, keyring.current().primary);
-    const wallet = await store.createWallet({ id, platformId: caller.platformId, address, label: body.label, agentId: body.agentId, policy, sealed, apiKeyId: caller.apiKeyId, now: new Date(now()) });
-    opts.metrics?.walletDataKeys.inc({ master_key: sealed.masterKeyId });
-    return reply.code(201).send(walletView(wallet));
+    const create = (master = keyring.current().primary) => {
+      const { address, sealed } = createSealedKey(id, master);
+      const input: CreateWalletInput = { id, platformId: caller.platformId, address, label: body.label, agentId: body.agentId, policy, sealed, apiKeyId: caller.apiKeyId, now: new Date(now()) };
+      return store.createWallet(input).then((wallet) => ({ wallet, masterKeyId: sealed.masterKeyId }));
+    };
+    let created;
+    try {
+      created = await create();
+    } catch (e) {
+      if (!(e instanceof MasterKeyRetiredError)) throw e;
+      // Another replica retired our primary: the file must hold a newer one; re-read it once.
+      await keyring.reload().catch(() => undefined);
+      const primary = keyring.current().primary;
+      if (primary.id === e.masterKeyId) {
+        throw new WalletError("master_key_unavailable", `master key ${e.masterKeyId} is retired and this replica has not loaded a newer primary yet; retry shortly`);
+      }
+      created = await create(primary).catch((again: unknown) => {
+        if (again instanceof MasterKeyRetiredError) throw new WalletError("master_key_unavailable", `master key ${again.masterKeyId} is retired; retry shortly`);
+        throw again;
+      });
+    }
+    opts.metrics?.walletDataKeys.inc({ master_key: created.masterKeyId });
+    return reply.code(201).send(walletView(created.wallet));
   });
 
   platformRoute("GET", "/v1/wallets", async (caller, request) => {

@@ -41,38 +41,53 @@ export interface FetchResult {
   };
 }
 
-const blocked = new BlockList();
-for (const [net, prefix] of [
-  ["0.0.0.0", 8],
-  ["10.0.0.0", 8],
-  ["100.64.0.0", 10],
-  ["127.0.0.0", 8],
-  ["169.254.0.0", 16],
-  ["172.16.0.0", 12],
-  ["192.0.0.0", 24],
-  ["192.168.0.0", 16],
-  ["198.18.0.0", 15],
-  ["224.0.0.0", 4],
-  ["240.0.0.0", 4],
-] as const)
-  blocked.addSubnet(net, prefix, "ipv4");
-for (const [net, prefix] of [
-  ["::", 128],
-  ["::1", 128],
-  ["fc00::", 7],
-  ["fe80::", 10],
-  ["ff00::", 8],
-] as const)
-  blocked.addSubnet(net, prefix, "ipv6");
+/**
+ * Destinations /fetch refuses (unless private networks are allowed), with why. IPv6 forms that
+ * embed or translate to an IPv4 address (mapped, compatible, NAT64, 6to4) are refused whole: the
+ * embedded address could be any of the IPv4 ranges above, and a public one has a plain IPv4 form.
+ */
+export const BLOCKED_RANGES: readonly (readonly [network: string, prefix: number, why: string])[] = [
+  ["0.0.0.0", 8, "this network"],
+  ["10.0.0.0", 8, "private"],
+  ["100.64.0.0", 10, "carrier-grade NAT"],
+  ["127.0.0.0", 8, "loopback"],
+  ["169.254.0.0", 16, "link-local (cloud metadata)"],
+  ["172.16.0.0", 12, "private"],
+  ["192.0.0.0", 24, "IETF protocol assignments"],
+  ["192.0.2.0", 24, "documentation"],
+  ["192.88.99.0", 24, "6to4 relay anycast"],
+  ["192.168.0.0", 16, "private"],
+  ["198.18.0.0", 15, "benchmarking"],
+  ["198.51.100.0", 24, "documentation"],
+  ["203.0.113.0", 24, "documentation"],
+  ["224.0.0.0", 4, "multicast"],
+  ["240.0.0.0", 4, "reserved, broadcast"],
+  ["::", 96, "unspecified, loopback, IPv4-compatible ::a.b.c.d"],
+  ["::ffff:0:0", 96, "IPv4-mapped ::ffff:a.b.c.d"],
+  ["64:ff9b::", 96, "NAT64 well-known prefix"],
+  ["64:ff9b:1::", 48, "NAT64 local-use prefix"],
+  ["100::", 64, "discard"],
+  ["2001:db8::", 32, "documentation"],
+  ["2002::", 16, "6to4"],
+  ["fc00::", 7, "unique local"],
+  ["fe80::", 10, "link-local"],
+  ["fec0::", 10, "site-local (deprecated)"],
+  ["ff00::", 8, "multicast"],
+];
+
+// One list per family: node's BlockList matches IPv4 addresses against IPv6 rules through their
+// embedded forms (::/96 would then refuse every IPv4 address).
+const blocked4 = new BlockList();
+const blocked6 = new BlockList();
+for (const [network, prefix] of BLOCKED_RANGES) {
+  if (isIP(network) === 4) blocked4.addSubnet(network, prefix, "ipv4");
+  else blocked6.addSubnet(network, prefix, "ipv6");
+}
 
 export function isPrivateAddress(address: string): boolean {
   const family = isIP(address);
-  if (family === 4) return blocked.check(address, "ipv4");
-  if (family === 6) {
-    const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address);
-    if (mapped) return blocked.check(mapped[1]!, "ipv4");
-    return blocked.check(address, "ipv6");
-  }
+  if (family === 4) return blocked4.check(address, "ipv4");
+  if (family === 6) return blocked6.check(address.replace(/%.*$/, ""), "ipv6"); // a zone id does not change the address
   return true;
 }
 

@@ -1,10 +1,15 @@
 // Master key rotation without downtime:
 //   1. put the new key first in the master key file (the Secret), keep the old ones below it;
-//   2. every replica reloads the file (polled), wraps new data keys under the new primary, still
-//      reads the old ones, and re-wraps existing data keys in the background (or on
-//      POST /v1/admin/master-keys/rotate); each re-wrap is one conditional UPDATE, so replicas
-//      racing on the same wallet are harmless;
-//   3. when GET /v1/admin/master-keys shows no data key under an old key, remove it from the file.
+//   2. every replica reloads the file (polled), wraps new data keys under the new primary (phase 1
+//      of the old key's retirement: this replica stops wrapping under it), still reads the old
+//      ones, reports its primary in the database (heartbeat), and re-wraps existing data keys in
+//      the background (or on POST /v1/admin/master-keys/rotate); each re-wrap is one conditional
+//      UPDATE, so replicas racing on the same wallet are harmless;
+//   3. phase 2: an old key is retired, in one transaction, once no data key is under it and no live
+//      replica still wraps under it; from then on the database refuses any wrap under it, so a
+//      replica that has not seen the new file cannot create a wallet that the next step would
+//      strand. A replica that has not finished retiring retries on every heartbeat;
+//   4. when GET /v1/admin/master-keys lists the old key under `retired`, remove it from the file.
 // Private keys and their ciphertexts never change; only the wrapped data keys do.
 import type { Logger } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
@@ -18,6 +23,10 @@ export interface RotationResult {
   primary: string;
   rewrapped: number;
   failed: number;
+  /** Loaded non-primary keys now retired (safe to remove from the file). */
+  retired: string[];
+  /** Loaded non-primary keys not retired yet, and why. */
+  pending: Record<string, { dataKeys: number; replicas: string[] }>;
 }
 
 export interface MasterKeyStatus {
@@ -28,6 +37,10 @@ export interface MasterKeyStatus {
   dataKeys: Record<string, number>;
   /** Data keys under a master key that is not loaded (those wallets cannot sign). */
   unreadable: number;
+  /** Keys no replica wraps under any more and no data key uses: safe to remove from the file. */
+  retired: string[];
+  /** Keys some replica has replaced by a newer primary, not retired yet. */
+  retiring: string[];
 }
 
 export interface Rotator {
@@ -48,9 +61,20 @@ export async function checkFingerprints(store: WalletStore, keyring: Keyring): P
   }
 }
 
-export function createRotator(opts: { store: WalletStore; keyring: KeyringSource; logger: Logger; metrics?: Metrics; now: () => number }): Rotator {
+export function createRotator(opts: {
+  store: WalletStore;
+  keyring: KeyringSource;
+  logger: Logger;
+  metrics?: Metrics;
+  now: () => number;
+  /** This replica's id in wallet_replicas. */
+  replicaId: string;
+  /** A replica whose heartbeat is older than this no longer holds a key back from retirement. */
+  replicaLivenessMs: number;
+}): Rotator {
   const { store, keyring, logger } = opts;
   let tail: Promise<unknown> = Promise.resolve();
+  let gaugeFresh = false;
 
   const refreshGauge = async () => {
     if (!opts.metrics) return;
@@ -63,6 +87,8 @@ export function createRotator(opts: { store: WalletStore; keyring: KeyringSource
     const ring = keyring.current();
     const primary = ring.primary;
     const from = [...ring.keys.keys()].filter((id) => id !== primary.id);
+    // Report the key this replica wraps under before judging whether an old one can retire.
+    await store.heartbeat(opts.replicaId, primary.id);
     let rewrapped = 0;
     let failed = 0;
     const skip = new Set<string>();
@@ -83,8 +109,17 @@ export function createRotator(opts: { store: WalletStore; keyring: KeyringSource
       }
     }
     if (rewrapped || failed) logger.info({ primary: primary.id, rewrapped, failed }, "wallets: data keys re-wrapped under the primary master key");
-    await refreshGauge().catch(() => undefined);
-    return { primary: primary.id, rewrapped, failed };
+    await store.markRetiring(from);
+    const retired: string[] = [];
+    const pending: RotationResult["pending"] = {};
+    for (const id of from) {
+      const outcome = await store.tryRetire(id, opts.replicaLivenessMs);
+      if (outcome.retired) retired.push(id);
+      else pending[id] = { dataKeys: outcome.dataKeys, replicas: outcome.replicas };
+    }
+    if (retired.length) logger.info({ retired }, "wallets: master keys retired (no data key under them, no replica wraps under them): they can leave the file");
+    if (!gaugeFresh || rewrapped || failed) await refreshGauge().then(() => (gaugeFresh = true)).catch(() => undefined);
+    return { primary: primary.id, rewrapped, failed, retired, pending };
   };
 
   return {
@@ -101,7 +136,15 @@ export function createRotator(opts: { store: WalletStore; keyring: KeyringSource
       const unreadable = Object.entries(dataKeys)
         .filter(([id]) => !ring.keys.has(id))
         .reduce((n, [, c]) => n + c, 0);
-      return { primary: ring.primary.id, loaded: [...ring.keys.keys()], dataKeys, unreadable };
+      const states = await store.masterKeyStates();
+      return {
+        primary: ring.primary.id,
+        loaded: [...ring.keys.keys()],
+        dataKeys,
+        unreadable,
+        retired: states.filter((k) => k.retiredAt).map((k) => k.id),
+        retiring: states.filter((k) => k.retiringAt && !k.retiredAt).map((k) => k.id),
+      };
     },
   };
 }

@@ -2,9 +2,11 @@
 // URL) with its migrations, the master keys (checked against the fingerprints on record, reloaded
 // when the file changes, data keys re-wrapped when the primary changes), the chains it reads, the
 // HTTP app, and the admin port (/metrics, /healthz, /readyz).
+import { randomBytes } from "node:crypto";
 import { startAdminServer, type RunningAdmin } from "../platform/admin.ts";
 import { createLogger, endpointName, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
+import type { ServerTimeouts } from "../platform/timeouts.ts";
 import { describeDatabase, migrate, openDatabase, type Database } from "../platform/storage.ts";
 import type { Caip2 } from "../x402/networks.ts";
 import { createWalletsApp, DEFAULT_MAX_AUTHORIZATION_SECONDS, DEFAULT_WALLETS_BODY_LIMIT } from "./app.ts";
@@ -36,6 +38,11 @@ export interface WalletsServiceOptions {
   masterKeys?: Keyring;
   /** Poll interval of the master key file; default 1000 ms, 0 disables. */
   masterKeyPollMs?: number;
+  /**
+   * How often this replica reports its primary master key in the database and retries retiring old
+   * keys; default 10 s. A replica silent for 3 intervals no longer holds a key back from retirement.
+   */
+  replicaHeartbeatMs?: number;
   /** The operator's token for /v1/admin, from a file (a mounted Secret) or given directly. */
   adminTokenFile?: string;
   adminToken?: string;
@@ -47,6 +54,8 @@ export interface WalletsServiceOptions {
   fetchMaxResponseBytes?: number;
   maxAuthorizationSeconds?: number;
   bodyLimit?: number;
+  /** Connection bounds of the public and admin ports; unset ones come from HTTP_*_TIMEOUT_MS or the defaults. */
+  httpTimeouts?: Partial<ServerTimeouts>;
   logger?: Logger;
   /** Clock in ms (tests pass their own). */
   now?: () => number;
@@ -93,16 +102,27 @@ export async function startWalletsService(opts: WalletsServiceOptions = {}): Pro
       watchIntervalMs: opts.masterKeyPollMs,
     });
     cleanup.push(() => keyring.close());
-    const rotator = createRotator({ store, keyring, logger, metrics, now });
+    const replicaId = `wr_${randomBytes(8).toString("hex")}`;
+    const heartbeatMs = opts.replicaHeartbeatMs ?? 10_000;
+    const rotator = createRotator({ store, keyring, logger, metrics, now, replicaId, replicaLivenessMs: 3 * heartbeatMs });
+    cleanup.push(() => store.leave(replicaId));
     cleanup.push(() => rotator.idle());
     rotate = () => void rotator.rewrapAll().catch((e: Error) => logger.error({ reason: e.message.split("\n")[0] }, "wallets: re-wrapping failed"));
-    // Finish a rotation an earlier run started (data keys still under an older loaded key).
+    // Registers this replica's primary before anything is served; then finishes a rotation an
+    // earlier run started (data keys still under an older loaded key) in the background.
+    await store.heartbeat(replicaId, keyring.current().primary.id);
     rotate();
+    // Each beat reports the primary again and retries retiring old keys (another replica may only
+    // now have moved to the new primary, or wrapped a wallet under the old one meanwhile).
+    const beat = setInterval(rotate, heartbeatMs);
+    beat.unref();
+    cleanup.push(() => clearInterval(beat));
 
+    const fetchTimeoutMs = opts.fetchTimeoutMs ?? 20_000;
     const chain = opts.rpcUrls && Object.keys(opts.rpcUrls).length ? createChainAccess({ rpcUrls: opts.rpcUrls }) : undefined;
     const fetcher = createFetcher({
       allowPrivateNetworks: opts.allowPrivateNetworks ?? false,
-      timeoutMs: opts.fetchTimeoutMs ?? 20_000,
+      timeoutMs: fetchTimeoutMs,
       maxResponseBytes: opts.fetchMaxResponseBytes ?? 1024 * 1024,
     });
     cleanup.push(() => fetcher.close());
@@ -119,6 +139,9 @@ export async function startWalletsService(opts: WalletsServiceOptions = {}): Pro
       now,
       maxAuthorizationSeconds: opts.maxAuthorizationSeconds ?? DEFAULT_MAX_AUTHORIZATION_SECONDS,
       bodyLimit: opts.bodyLimit ?? DEFAULT_WALLETS_BODY_LIMIT,
+      timeouts: opts.httpTimeouts,
+      // /fetch waits for the resource twice (the request, then the paid retry) and for the chain around them.
+      longestHandlerMs: 2 * fetchTimeoutMs + 30_000,
     });
     cleanup.push(() => app.close());
 
@@ -130,6 +153,7 @@ export async function startWalletsService(opts: WalletsServiceOptions = {}): Pro
       registry: metrics.registry,
       logger,
       checks: [{ name: "database", check: async () => (await store.ping(), true) }],
+      timeouts: opts.httpTimeouts,
     });
     cleanup.push(() => admin.close());
     const address = await app.listen({ host, port });

@@ -83,7 +83,44 @@ CREATE TABLE wallet_signatures (
 CREATE INDEX wallet_signatures_wallet ON wallet_signatures (wallet_id, seq);
 CREATE INDEX wallet_signatures_spend ON wallet_signatures (wallet_id, network, asset, created_at) WHERE kind = 'payment'`,
   },
+  {
+    // Two-phase retirement of master keys, coordinated through the database: a key is "retiring"
+    // once a replica has a newer primary (phase 1: that replica stops wrapping under it), and
+    // "retired" once no data key is under it and no live replica still wraps under it (phase 2:
+    // from then on nothing may wrap under it, and it can leave the file). Replicas report the key
+    // they wrap new wallets under in wallet_replicas.
+    id: "wallets/002_key_retirement",
+    sql: `
+ALTER TABLE wallet_master_keys ADD COLUMN retiring_at timestamptz;
+ALTER TABLE wallet_master_keys ADD COLUMN retired_at timestamptz;
+CREATE TABLE wallet_replicas (
+  id text PRIMARY KEY,
+  primary_key_id text NOT NULL,
+  seen_at timestamptz NOT NULL DEFAULT now()
+)`,
+  },
 ];
+
+/** The master key was retired (phase 2): nothing may be wrapped under it any more. */
+export class MasterKeyRetiredError extends Error {
+  constructor(readonly masterKeyId: string) {
+    super(`master key ${masterKeyId} is retired`);
+  }
+}
+
+export type RetireOutcome = { retired: true } | { retired: false; dataKeys: number; replicas: string[] };
+
+export interface MasterKeyState {
+  id: string;
+  retiringAt: string | null;
+  retiredAt: string | null;
+}
+
+/** Takes a share lock on the master key's row and refuses a retired key (wraps and retirement serialise on it). */
+async function assertWrappable(tx: Queryable, masterKeyId: string): Promise<void> {
+  const [row] = await tx.query<{ retired_at: Date | null }>("SELECT retired_at FROM wallet_master_keys WHERE id = $1 FOR SHARE", [masterKeyId]);
+  if (!row || row.retired_at !== null) throw new MasterKeyRetiredError(masterKeyId);
+}
 
 export interface Platform {
   id: string;
@@ -279,8 +316,17 @@ export interface WalletStore {
   dataKeyCounts(): Promise<Record<string, number>>;
   /** Wallets whose data key is wrapped by one of `from`. */
   keysWrappedBy(from: string[], limit: number): Promise<{ walletId: string; address: Address; sealed: SealedKey }[]>;
-  /** Replaces a wrapped data key, only if it is still wrapped by `fromMasterKeyId` (replicas may race). */
+  /** Replaces a wrapped data key, only if it is still wrapped by `fromMasterKeyId` (replicas may race); MasterKeyRetiredError when the target is retired. */
   replaceWrappedKey(walletId: string, fromMasterKeyId: string, sealed: SealedKey, at: Date): Promise<boolean>;
+  /** This replica is alive and wraps new wallets under `primaryKeyId` (database clock). */
+  heartbeat(replicaId: string, primaryKeyId: string): Promise<void>;
+  /** A replica that stops. */
+  leave(replicaId: string): Promise<void>;
+  /** Phase 1: keys a replica no longer wraps under (a newer primary is loaded). */
+  markRetiring(masterKeyIds: string[]): Promise<void>;
+  /** Phase 2, atomically: retired only when no data key is under it and no replica seen within `liveWithinMs` wraps under it. */
+  tryRetire(masterKeyId: string, liveWithinMs: number): Promise<RetireOutcome>;
+  masterKeyStates(): Promise<MasterKeyState[]>;
 
   createWallet(input: CreateWalletInput): Promise<Wallet>;
   wallet(platformId: string, walletId: string): Promise<Wallet | undefined>;
@@ -410,16 +456,61 @@ export function createWalletStore(db: Database): WalletStore {
     },
 
     async replaceWrappedKey(walletId, fromMasterKeyId, sealed, at) {
-      const rows = await db.query(
-        `UPDATE wallet_keys SET master_key_id = $3, wrapped_data_key = $4, rewrapped_at = $5
-         WHERE wallet_id = $1 AND master_key_id = $2 RETURNING 1`,
-        [walletId, fromMasterKeyId, sealed.masterKeyId, sealed.wrappedDataKey, at],
+      return db.transaction(async (tx) => {
+        await assertWrappable(tx, sealed.masterKeyId);
+        const rows = await tx.query(
+          `UPDATE wallet_keys SET master_key_id = $3, wrapped_data_key = $4, rewrapped_at = $5
+           WHERE wallet_id = $1 AND master_key_id = $2 RETURNING 1`,
+          [walletId, fromMasterKeyId, sealed.masterKeyId, sealed.wrappedDataKey, at],
+        );
+        return rows.length > 0;
+      });
+    },
+
+    async heartbeat(replicaId, primaryKeyId) {
+      await db.query(
+        `INSERT INTO wallet_replicas (id, primary_key_id, seen_at) VALUES ($1, $2, now())
+         ON CONFLICT (id) DO UPDATE SET primary_key_id = EXCLUDED.primary_key_id, seen_at = now()`,
+        [replicaId, primaryKeyId],
       );
-      return rows.length > 0;
+    },
+
+    async leave(replicaId) {
+      await db.query("DELETE FROM wallet_replicas WHERE id = $1", [replicaId]);
+    },
+
+    async markRetiring(ids) {
+      if (ids.length === 0) return;
+      await db.query("UPDATE wallet_master_keys SET retiring_at = now() WHERE id = ANY($1::text[]) AND retiring_at IS NULL", [ids]);
+    },
+
+    async tryRetire(masterKeyId, liveWithinMs) {
+      return db.transaction(async (tx): Promise<RetireOutcome> => {
+        // The row lock waits for every wrap under this key in flight (they hold a share lock) to
+        // commit; the counts below are new statements, so they see those wraps.
+        const [key] = await tx.query<{ retired_at: Date | null }>("SELECT retired_at FROM wallet_master_keys WHERE id = $1 FOR UPDATE", [masterKeyId]);
+        if (!key) return { retired: false, dataKeys: 0, replicas: [] };
+        if (key.retired_at !== null) return { retired: true };
+        const replicas = await tx.query<{ id: string }>(
+          "SELECT id FROM wallet_replicas WHERE primary_key_id = $1 AND seen_at > now() - make_interval(secs => $2::double precision / 1000) ORDER BY id",
+          [masterKeyId, liveWithinMs],
+        );
+        const [count] = await tx.query<{ n: string | number }>("SELECT count(*) AS n FROM wallet_keys WHERE master_key_id = $1", [masterKeyId]);
+        const dataKeys = Number(count!.n);
+        if (dataKeys > 0 || replicas.length > 0) return { retired: false, dataKeys, replicas: replicas.map((r) => r.id) };
+        await tx.query("UPDATE wallet_master_keys SET retired_at = now(), retiring_at = COALESCE(retiring_at, now()) WHERE id = $1", [masterKeyId]);
+        return { retired: true };
+      });
+    },
+
+    async masterKeyStates() {
+      const rows = await db.query<{ id: string; retiring_at: Date | string | null; retired_at: Date | string | null }>("SELECT id, retiring_at, retired_at FROM wallet_master_keys ORDER BY id");
+      return rows.map((r) => ({ id: r.id, retiringAt: iso(r.retiring_at), retiredAt: iso(r.retired_at) }));
     },
 
     async createWallet(w) {
       return db.transaction(async (tx) => {
+        await assertWrappable(tx, w.sealed.masterKeyId);
         const [row] = await tx.query<WalletRow>(
           `INSERT INTO wallets (id, platform_id, address, label, agent_id, policy, policy_version, created_at, updated_at)
            VALUES ($1, $2, $3, $4, $5, $6::jsonb, 1, $7, $7)

@@ -58,7 +58,7 @@ export async function startTestHub(engine: Engine, opts: Omit<HubServiceOptions,
 export async function deleteOwners(owners: string[]): Promise<void> {
   const db = await openDatabase({ url: PG_URL });
   try {
-    for (const table of ["hub_versions", "hub_keys", "hub_conversations", "hub_nonces"]) {
+    for (const table of ["hub_versions", "hub_keys", "hub_conversations", "hub_nonces", "hub_usage"]) {
       await db.query(`DELETE FROM ${table} WHERE owner = ANY($1::text[])`, [owners]);
     }
   } finally {
