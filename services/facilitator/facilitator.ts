@@ -18,6 +18,7 @@ import type { ChainClient } from "./chain.ts";
 import { createFastExactVerifier } from "./fast-exact.ts";
 import type { SettlementCoordinator } from "./settlement/coordinator.ts";
 import type { OutboxSigner } from "./settlement/outbox-signer.ts";
+import { withDecodedReverts } from "./settlement/reverts.ts";
 
 export interface FacilitatorOptions {
   network: Caip2;
@@ -115,7 +116,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       const response = await withSpan("facilitator.settle", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: SettleResponse;
         try {
-          r = scrub(await opts.coordinator.settle({ ...settleJobOf(payload, requirements), run: () => core.settle(payload, requirements) }));
+          r = scrub(await opts.coordinator.settle({ ...settleJobOf(payload, requirements), run: () => withDecodedReverts(() => core.settle(payload, requirements)) }));
         } catch (e) {
           opts.logger.warn({ err: errorSummary(e), scheme: requirements.scheme }, "settle failed unexpectedly");
           r = { success: false, errorReason: "unexpected_settle_error", errorMessage: conciseMessage(e), transaction: "", network: requirements.network };
