@@ -65,6 +65,8 @@ export interface MarketFees extends Fees {
 export type SendOutcome = "sent" | BroadcastOutcome;
 
 export interface OutboxSigner extends FacilitatorEvmSigner {
+  /** Signs, stores and broadcasts a transaction (an explicit gas limit is checked against its kind's ceiling too). */
+  sendTransaction(args: { to: Address; data: Hex; gas?: bigint }): Promise<Hex>;
   /** Broadcasts a stored transaction (again); idempotent; throws when it was not accepted. */
   broadcast(row: Pick<OutboxRow, "id" | "raw_tx" | "hash" | "hashes">): Promise<void>;
   /** Broadcasts a stored transaction and says how the node took it (never throws for a node's answer). */

@@ -71,8 +71,8 @@ export function startReconciler(opts: ReconcilerOptions) {
       if (tx.age_seconds >= broadcastAfter || tx.payment_id === NONCE_FILLER_PAYMENT) await handle(tx, await signer.send(tx));
       return;
     }
-    // Each attempt gets `replaceAfter` to mine before the next, higher-fee one.
-    if (tx.age_seconds >= replaceAfter * tx.hashes.length) return replace(tx, false);
+    // Each attempt gets `replaceAfter` to mine before the next, higher-fee one; at its limits it waits, still in the pool.
+    if (tx.age_seconds >= replaceAfter * tx.hashes.length && (await replace(tx, false))) return;
     const known = await chain.client.getTransaction({ hash: tx.hash }).catch(() => undefined);
     // The node forgot it (restart, eviction, a reorg): send the same bytes again.
     if (!known) await handle(tx, await signer.send(tx));
@@ -85,7 +85,8 @@ export function startReconciler(opts: ReconcilerOptions) {
     switch (outcome) {
       case "underpriced":
       case "replacement_underpriced":
-        return replace(tx, true); // priced under the market (or under another pooled transaction): reprice
+        await replace(tx, true); // priced under the market (or under another pooled transaction): reprice
+        return;
       case "insufficient_funds":
         opts.onInsufficientFunds?.(tx.signer);
         if (!waitingAtLimit.has(tx.id)) logger.warn({ signer: tx.signer, nonce: tx.nonce }, "the key cannot pay this transaction; it is sent once the key is funded");
@@ -104,8 +105,8 @@ export function startReconciler(opts: ReconcilerOptions) {
     }
   }
 
-  /** Re-signs with the same nonce at higher fees, within the bump limit and the fee cap. */
-  async function replace(tx: OutboxRow, reprice: boolean) {
+  /** Re-signs with the same nonce at higher fees, within the bump limit and the fee cap; false when it may not. */
+  async function replace(tx: OutboxRow, reprice: boolean): Promise<boolean> {
     const bumps = tx.hashes.length - 1;
     if (bumps >= maxBumps) return waitAtLimit(tx, "bumps");
     const market = await signer.marketFees();
@@ -117,18 +118,20 @@ export function startReconciler(opts: ReconcilerOptions) {
     if (maxPriorityFeePerGas > maxFeePerGas) maxPriorityFeePerGas = maxFeePerGas;
     if (reprice && maxFeePerGas === BigInt(tx.max_fee_per_gas) && maxPriorityFeePerGas === BigInt(tx.max_priority_fee_per_gas)) return waitAtLimit(tx, "fee_cap");
     const signed = await signer.resign(tx, { maxFeePerGas, maxPriorityFeePerGas });
-    if (!(await store.replace(tx.id, tx.hash, { maxFeePerGas, maxPriorityFeePerGas }, signed))) return; // another reconciler replaced it first
+    if (!(await store.replace(tx.id, tx.hash, { maxFeePerGas, maxPriorityFeePerGas }, signed))) return true; // another reconciler replaced it first
     waitingAtLimit.delete(tx.id);
     logger.info({ signer: tx.signer, nonce: tx.nonce, replaces: tx.hash, hash: signed.hash, bump: bumps + 1 }, "replaced a stuck transaction with higher fees");
     const outcome = await signer.send({ id: tx.id, raw_tx: signed.raw, hash: signed.hash, hashes: [...tx.hashes, signed.hash] });
     if (outcome !== "sent") logger.warn({ signer: tx.signer, nonce: tx.nonce, outcome }, "replacement not accepted; the earlier attempt stays in the pool");
+    return true;
   }
 
-  function waitAtLimit(tx: OutboxRow, limit: "bumps" | "fee_cap") {
-    if (waitingAtLimit.has(tx.id)) return;
+  function waitAtLimit(tx: OutboxRow, limit: "bumps" | "fee_cap"): false {
+    if (waitingAtLimit.has(tx.id)) return false;
     waitingAtLimit.add(tx.id);
     opts.metrics.replacementCapped.inc({ network, limit });
     logger.warn({ signer: tx.signer, nonce: tx.nonce, hash: tx.hash, limit, bumps: tx.hashes.length - 1 }, "stuck transaction not replaced: at its fee limit; it waits for the market");
+    return false;
   }
 
   /**
