@@ -23,7 +23,7 @@ import { broadcastErrorLine, classifyBroadcastError, type BroadcastOutcome } fro
 import { settlementContext } from "./context.ts";
 import { DEFAULT_BASE_FEE_MULTIPLIER, GasCeilingExceededError, createGasPolicy, transactionKind, type Fees, type GasPolicy, type TransactionKind } from "./gas-policy.ts";
 import { pollMined, sleep } from "./receipts.ts";
-import { cleanLine, explainRevert, failureCodeOf } from "./reverts.ts";
+import { cleanLine, explainCallFailure, failureCodeOf } from "./reverts.ts";
 import type { OutboxRow, SettlementStore } from "./store.ts";
 
 export interface OutboxSignerOptions {
@@ -216,9 +216,9 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     try {
       const [estimate, fee] = await Promise.all([
         args.gas ??
-          client.estimateGas({ account: account.address, to: args.to, data: args.data }).catch((e) => {
+          client.estimateGas({ account: account.address, to: args.to, data: args.data }).catch(async (e) => {
             // The call would revert now: say why, in a reason code and a line without calldata.
-            const why = explainRevert(kind, e);
+            const why = await explainCallFailure(opts.chain, kind, args.to, args.data, e);
             if (why) fail(kind, why.code, why.message);
             throw new SettlementNotSentError(`gas estimation failed: ${cleanLine(message(e))}`);
           }),

@@ -3,8 +3,8 @@
 // the Permit2 and ERC-20 standard errors they bubble up; Error(string) and Panic(uint256)), then
 // mapped per kind of transaction. A raw node error may quote calldata and the RPC URL: neither
 // ever reaches an answer.
-import { decodeErrorResult, parseAbi, type Abi, type Address, type Hex } from "viem";
-import { eip3009ABI, x402ExactPermit2ProxyABI, x402UptoPermit2ProxyABI } from "@x402/evm";
+import { decodeErrorResult, decodeFunctionData, erc20Abi, isAddressEqual, parseAbi, type Abi, type Address, type Hex } from "viem";
+import { eip3009ABI, x402ExactPermit2ProxyABI, x402UptoPermit2ProxyABI, x402UptoPermit2ProxyAddress } from "@x402/evm";
 import type { SettleResponse } from "@x402/core/types";
 import type { ChainClient } from "../chain.ts";
 import { settlementContext } from "./context.ts";
@@ -149,13 +149,50 @@ export function explainReason(kind: TransactionKind, reason: string): RevertExpl
   return { code, message: cleanLine(`the ${kind} call reverted: ${reason}`) };
 }
 
+const PERMIT2_CONTRACT: Address = "0x000000000022D473030F116dDEE9F6B43aC78BA3";
+const PERMIT2_KINDS = new Set<TransactionKind>(["permit2_settle", "permit2_settle_with_permit", "upto_settle", "upto_settle_with_permit"]);
+
+/**
+ * Permit2 reports any failed token pull as the bare string TRANSFER_FROM_FAILED: tell a payer
+ * without the balance from one without the Permit2 allowance by reading both (the payment's
+ * owner, token and amount come from the settle call's own arguments).
+ */
+async function refineTransferFromFailed(chain: ChainClient, kind: TransactionKind, to: Address, data: Hex, why: RevertExplanation, blockNumber?: bigint): Promise<RevertExplanation> {
+  if (!PERMIT2_KINDS.has(kind) || !/TRANSFER_FROM_FAILED/.test(why.message)) return why;
+  try {
+    const abi = isAddressEqual(to, x402UptoPermit2ProxyAddress) ? x402UptoPermit2ProxyABI : x402ExactPermit2ProxyABI;
+    const { args } = decodeFunctionData({ abi, data });
+    // settle(permit, [amount,] owner, witness, signature) and settleWithPermit(permit2612, permit, ...).
+    const withPermit = kind.endsWith("_with_permit");
+    const permit = args[withPermit ? 1 : 0] as { permitted: { token: Address; amount: bigint } };
+    const owner = args.find((a, i) => i > (withPermit ? 1 : 0) && typeof a === "string" && /^0x[0-9a-fA-F]{40}$/.test(a)) as Address;
+    const at = blockNumber !== undefined ? { blockNumber } : {};
+    const [balance, allowance] = await Promise.all([
+      chain.client.readContract({ address: permit.permitted.token, abi: erc20Abi, functionName: "balanceOf", args: [owner], ...at }),
+      chain.client.readContract({ address: permit.permitted.token, abi: erc20Abi, functionName: "allowance", args: [owner, PERMIT2_CONTRACT], ...at }),
+    ]);
+    const needed = permit.permitted.amount;
+    if (balance < needed) return { code: "permit2_insufficient_balance", message: cleanLine(`${why.message} (the payer holds less than the amount)`) };
+    if (allowance < needed) return { code: "permit2_allowance_required", message: cleanLine(`${why.message} (the payer's Permit2 allowance is below the amount)`) };
+  } catch {
+    // the calldata or the reads did not answer: keep the generic explanation
+  }
+  return why;
+}
+
+/** Explains a failed call of a settlement transaction (estimateGas, eth_call), reading state when the revert alone is ambiguous. */
+export async function explainCallFailure(chain: ChainClient, kind: TransactionKind, to: Address, data: Hex, e: unknown, blockNumber?: bigint): Promise<RevertExplanation | undefined> {
+  const why = explainRevert(kind, e);
+  return why && refineTransferFromFailed(chain, kind, to, data, why, blockNumber);
+}
+
 /** Why a mined transaction reverted: replays its call on the state of its block. */
 export async function explainMinedRevert(chain: ChainClient, tx: { from: Address; to: Address; data: Hex; gas: bigint; blockNumber?: bigint; kind: TransactionKind }): Promise<RevertExplanation> {
   try {
     // On the state after its block (so a front-running transfer in that block is seen); latest when unknown.
     await chain.client.call({ account: tx.from, to: tx.to, data: tx.data, gas: tx.gas, ...(tx.blockNumber !== undefined ? { blockNumber: tx.blockNumber } : {}) });
   } catch (e) {
-    const explained = explainRevert(tx.kind, e);
+    const explained = await explainCallFailure(chain, tx.kind, tx.to, tx.data, e, tx.blockNumber);
     if (explained) return explained;
   }
   // The replay passed (the state that made it fail is gone) or said nothing: the kind's generic code.
