@@ -14,7 +14,8 @@ commands:
                 --network eip155:8453 --rpc-url URL [--rpc-url URL2] --signer-key-file FILE
                 --schemes exact --port 4021 --admin-port 9421 --host 127.0.0.1 --config FILE.json
                 (env: X402_NETWORK, X402_RPC_URLS, X402_SIGNER_KEY_FILE, X402_SCHEMES, PORT, ADMIN_PORT, HOST,
-                 X402_RECEIPT_TIMEOUT_MS, X402_MIN_SIGNER_BALANCE_WEI, OTEL_EXPORTER_OTLP_ENDPOINT)
+                 X402_RECEIPT_TIMEOUT_MS, X402_MIN_SIGNER_BALANCE_WEI, X402_GAS_CEILINGS, X402_MAX_FEE_PER_GAS_WEI,
+                 X402_FEE_CAP_BASE_FEE_MULTIPLIER, X402_MAX_FEE_BUMPS, OTEL_EXPORTER_OTLP_ENDPOINT; README lists all)
   router        the public /v2 edge
                 --routing-table FILE --port 4020 --admin-port 9420 --host 127.0.0.1
                 (env: X402_ROUTING_TABLE, PORT, ADMIN_PORT, HOST, OTEL_EXPORTER_OTLP_ENDPOINT)

@@ -6,6 +6,9 @@ import { mnemonicToAccount, privateKeyToAccount } from "viem/accounts";
 import { z } from "zod";
 import { CAIP2_PATTERN, networkInfo, type AssetInfo, type Caip2 } from "../x402/networks.ts";
 import { SCHEMES, type Scheme } from "../x402/wire.ts";
+import { DEFAULT_BASE_FEE_MULTIPLIER, parseGasCeilings, type TransactionKind } from "./settlement/gas-policy.ts";
+import { DEFAULT_RECEIPT_POLLING } from "./settlement/receipts.ts";
+import { DEFAULT_MAX_FEE_BUMPS } from "./settlement/reconciler.ts";
 
 export interface FacilitatorConfig {
   network: Caip2;
@@ -18,8 +21,25 @@ export interface FacilitatorConfig {
   assets: AssetInfo[];
   bodyLimit: number;
   adminPort: number;
-  /** A signer with no more than this (wei) counts as unfunded and is not picked. */
-  minSignerBalanceWei: bigint;
+  /**
+   * A signer with no more than this (wei) counts as unfunded and is not picked. Unset: derived
+   * from the largest gas ceiling x the current fee cap (what its next transaction may cost).
+   */
+  minSignerBalanceWei?: bigint;
+  /** How often signer balances are read, in ms. */
+  balanceRefreshMs: number;
+  /** Gas ceilings per transaction kind, over the defaults (gas-policy.ts). */
+  gasCeilings: Partial<Record<TransactionKind, bigint>>;
+  /** Gas ceiling of transactions of no known kind. */
+  defaultGasCeiling?: bigint;
+  /** Relative fee cap: maxFeePerGas <= this x current base fee + tip. */
+  feeCapBaseFeeMultiplier: number;
+  /** Fee replacements of one stuck transaction at most; past them it waits. */
+  maxFeeBumps: number;
+  /** Receipt polling of one waited transaction: first interval, cap of the doubling, calls per wait. */
+  receiptPollMs: number;
+  receiptPollMaxMs: number;
+  receiptPollBudget: number;
   /** PostgreSQL URL shared by the replicas of a network; unset → the embedded engine in dataDir. */
   databaseUrl?: string;
   dataDir: string;
@@ -62,6 +82,14 @@ const fileSchema = z
     port: z.number().int().min(0).max(65535),
     adminPort: z.number().int().min(0).max(65535),
     minSignerBalanceWei: z.string().regex(/^[0-9]+$/),
+    balanceRefreshMs: z.number().int().positive(),
+    gasCeilings: z.string(),
+    defaultGasCeiling: z.string().regex(/^[0-9]+$/),
+    feeCapBaseFeeMultiplier: z.number().min(1).max(1000),
+    maxFeeBumps: z.number().int().min(0).max(100),
+    receiptPollMs: z.number().int().positive(),
+    receiptPollMaxMs: z.number().int().positive(),
+    receiptPollBudget: z.number().int().min(1),
     receiptTimeoutMs: z.number().int().positive(),
     bodyLimit: z.number().int().positive(),
     assets: z.array(
@@ -91,6 +119,7 @@ export function parseSignerKeys(text: string): `0x${string}`[] {
   return keys as `0x${string}`[];
 }
 
+const num = (v: string | undefined) => (v ? Number(v) : undefined);
 const list = (v: string | undefined) => (v ? v.split(",").map((s) => s.trim()).filter(Boolean) : undefined);
 
 export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorConfigInput {
@@ -114,6 +143,14 @@ export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorCon
     port: env.PORT ? Number(env.PORT) : undefined,
     adminPort: env.ADMIN_PORT ? Number(env.ADMIN_PORT) : undefined,
     minSignerBalanceWei: env.X402_MIN_SIGNER_BALANCE_WEI,
+    balanceRefreshMs: num(env.X402_BALANCE_REFRESH_MS),
+    gasCeilings: env.X402_GAS_CEILINGS,
+    defaultGasCeiling: env.X402_GAS_CEILING_DEFAULT,
+    feeCapBaseFeeMultiplier: num(env.X402_FEE_CAP_BASE_FEE_MULTIPLIER),
+    maxFeeBumps: num(env.X402_MAX_FEE_BUMPS),
+    receiptPollMs: num(env.X402_RECEIPT_POLL_MS),
+    receiptPollMaxMs: num(env.X402_RECEIPT_POLL_MAX_MS),
+    receiptPollBudget: num(env.X402_RECEIPT_POLL_BUDGET),
     receiptTimeoutMs: env.X402_RECEIPT_TIMEOUT_MS ? Number(env.X402_RECEIPT_TIMEOUT_MS) : undefined,
   };
 }
@@ -160,7 +197,15 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
     receiptTimeoutMs: c.receiptTimeoutMs ?? 15_000,
     bodyLimit: c.bodyLimit ?? 64 * 1024,
     adminPort: c.adminPort ?? (c.port === 0 ? 0 : 9421), // an ephemeral public port implies an ephemeral admin port
-    minSignerBalanceWei: BigInt(c.minSignerBalanceWei ?? "0"),
+    minSignerBalanceWei: c.minSignerBalanceWei !== undefined ? BigInt(c.minSignerBalanceWei) : undefined,
+    balanceRefreshMs: c.balanceRefreshMs ?? 15_000,
+    gasCeilings: c.gasCeilings ? parseGasCeilings(c.gasCeilings) : {},
+    defaultGasCeiling: c.defaultGasCeiling !== undefined ? BigInt(c.defaultGasCeiling) : undefined,
+    feeCapBaseFeeMultiplier: c.feeCapBaseFeeMultiplier ?? DEFAULT_BASE_FEE_MULTIPLIER,
+    maxFeeBumps: c.maxFeeBumps ?? DEFAULT_MAX_FEE_BUMPS,
+    receiptPollMs: c.receiptPollMs ?? DEFAULT_RECEIPT_POLLING.intervalMs,
+    receiptPollMaxMs: c.receiptPollMaxMs ?? DEFAULT_RECEIPT_POLLING.maxIntervalMs,
+    receiptPollBudget: c.receiptPollBudget ?? DEFAULT_RECEIPT_POLLING.maxCallsPerWait,
     databaseUrl: c.databaseUrl,
     dataDir: c.dataDir ?? `.data/facilitator-${c.network.slice("eip155:".length)}`,
     confirmations: c.confirmations ?? 1,

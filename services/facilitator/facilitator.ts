@@ -20,6 +20,7 @@ import { createFastExactVerifier } from "./fast-exact.ts";
 import { authenticateReceivers, receiversNeedingAuthorizer, type ReceiverCredentials } from "./receiver-auth.ts";
 import type { SettleJob, SettlementCoordinator } from "./settlement/coordinator.ts";
 import type { OutboxSigner } from "./settlement/outbox-signer.ts";
+import { withDecodedReverts } from "./settlement/reverts.ts";
 
 export interface FacilitatorOptions {
   network: Caip2;
@@ -135,7 +136,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
           const worthless = worthlessReason(payload, requirements, "settle");
           r = worthless
             ? { success: false, errorReason: "invalid_payment_requirements", errorMessage: worthless, transaction: "", network: requirements.network, ...(payerOf(payload) ? { payer: payerOf(payload) } : {}) }
-            : scrub(await opts.coordinator.settle({ ...settleJobOf(payload, requirements), run: () => core.settle(payload, requirements) }));
+            : scrub(await opts.coordinator.settle({ ...settleJobOf(payload, requirements), run: () => withDecodedReverts(() => core.settle(payload, requirements)) }));
         } catch (e) {
           opts.logger.warn({ err: errorSummary(e), scheme: requirements.scheme }, "settle failed unexpectedly");
           r = { success: false, errorReason: "unexpected_settle_error", errorMessage: conciseMessage(e), transaction: "", network: requirements.network };

@@ -14,8 +14,11 @@ import type { FacilitatorConfig } from "./config.ts";
 import { createFacilitator, type Facilitator } from "./facilitator.ts";
 import { readReceiverCredentials } from "./receiver-auth.ts";
 import { createSettlementCoordinator } from "./settlement/coordinator.ts";
-import { createOutboxSigner } from "./settlement/outbox-signer.ts";
+import { createGasPolicy, type TransactionKind } from "./settlement/gas-policy.ts";
+import { createOutboxSigner, type OutboxSigner } from "./settlement/outbox-signer.ts";
+import { configureReceiptPolling } from "./settlement/receipts.ts";
 import { startReconciler } from "./settlement/reconciler.ts";
+import { explainMinedRevert } from "./settlement/reverts.ts";
 import { SETTLEMENT_MIGRATIONS, createSettlementStore } from "./settlement/store.ts";
 
 export interface RunningFacilitator {
@@ -23,6 +26,9 @@ export interface RunningFacilitator {
   adminUrl: string;
   facilitator: Facilitator;
   signers: string[];
+  /** The settlement engine's signer and reconciler (tests drive them directly). */
+  outbox: OutboxSigner;
+  reconciler: { pass(): Promise<void> };
   close(): Promise<void>;
 }
 
@@ -41,9 +47,14 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
 
   const db = deps.db ?? (await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir }));
   await migrate(db, SETTLEMENT_MIGRATIONS);
-  const store = createSettlementStore(db, config.network, { onMined: (signer, gasWei) => metrics.gasSpent.inc({ network: config.network, signer }, Number(gasWei)) });
+  const store = createSettlementStore(db, config.network, {
+    onMined: (signer, gasWei) => metrics.gasSpent.inc({ network: config.network, signer }, Number(gasWei)),
+    explainRevert: (row, _hash, minedAt) =>
+      explainMinedRevert(chain, { from: row.signer, to: row.to_address, data: row.data, gas: BigInt(row.gas), blockNumber: minedAt?.blockNumber, kind: (row.kind ?? "other") as TransactionKind }),
+  });
   const accounts = config.signerKeys.map((k) => privateKeyToAccount(k));
-  const balances = watchBalances({ chain, network: config.network, signers: accounts.map((a) => a.address), minBalanceWei: config.minSignerBalanceWei, intervalMs: 15_000, metrics });
+  const gasPolicy = createGasPolicy({ ceilings: config.gasCeilings, defaultCeiling: config.defaultGasCeiling, maxFeePerGasWei: config.maxFeePerGasWei, baseFeeMultiplier: config.feeCapBaseFeeMultiplier });
+  configureReceiptPolling(chain, { intervalMs: config.receiptPollMs, maxIntervalMs: config.receiptPollMaxMs, maxCallsPerWait: config.receiptPollBudget });
   const crashAt = process.env.X402_FAULT_CRASH_AT;
   const signer = createOutboxSigner({
     chain,
@@ -51,15 +62,37 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     store,
     receiptTimeoutMs: config.receiptTimeoutMs,
     confirmations: config.confirmations,
-    maxFeePerGasWei: config.maxFeePerGasWei,
-    // Unknown yet (first read in flight) counts as funded: a slow RPC must not block settlement.
-    isFunded: (address) => (balances.latest().get(address) ?? config.minSignerBalanceWei + 1n) > config.minSignerBalanceWei,
+    gasPolicy,
+    isFunded: (address) => balances.isFunded(address),
+    onInsufficientFunds: (address) => balances.markUnfunded(address),
     logger: log,
+    metrics,
+    network: config.network,
     crashAt: crashAt && CRASH_POINTS.has(crashAt) ? (crashAt as "after_store" | "after_broadcast") : undefined,
+  });
+  const balances = watchBalances({
+    chain,
+    network: config.network,
+    signers: accounts.map((a) => a.address),
+    // Unset: what the costliest transaction a key may sign costs at the current fee cap.
+    minBalanceWei: config.minSignerBalanceWei ?? (async () => gasPolicy.largestCeiling() * (await signer.marketFees()).cap),
+    intervalMs: config.balanceRefreshMs,
+    metrics,
   });
   for (const a of accounts) metrics.signerPending.set({ network: config.network, signer: a.address }, 0);
   const coordinator = createSettlementCoordinator({ store, chain, network: config.network, waitBoundMs: config.receiptTimeoutMs, confirmations: config.confirmations });
-  const reconciler = startReconciler({ store, signer, chain, network: config.network, confirmations: config.confirmations, logger: log, metrics, maxFeePerGasWei: config.maxFeePerGasWei, replaceAfterMs: config.replaceAfterMs });
+  const reconciler = startReconciler({
+    store,
+    signer,
+    chain,
+    network: config.network,
+    confirmations: config.confirmations,
+    logger: log,
+    metrics,
+    replaceAfterMs: config.replaceAfterMs,
+    maxFeeBumps: config.maxFeeBumps,
+    onInsufficientFunds: (address) => balances.markUnfunded(address),
+  });
   const facilitator = createFacilitator({
     network: config.network,
     signer,
@@ -95,6 +128,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     logger: log,
     checks: [
       { name: "rpc_chain_id", check: async () => (await reportedChainId(chain)) === chain.chain.id },
+      // A key counts when its balance covers its next transaction (X402_MIN_SIGNER_BALANCE_WEI, or derived).
       { name: "signer_funded", check: () => balances.anyFunded() },
       { name: "store", check: async () => (await db.query("SELECT 1 AS ok")).length === 1 },
     ],
@@ -109,6 +143,8 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     adminUrl: admin.url,
     facilitator,
     signers: [...signer.getAddresses()],
+    outbox: signer,
+    reconciler,
     close: async () => {
       balances.stop();
       await app.close();

@@ -8,6 +8,11 @@ export interface SettlementContext {
   paymentId: string;
   /** A key the transaction must come from (upto: the key named in witness.facilitator). */
   signer?: Address;
+  /**
+   * Set by the signer when the settlement call failed in a way it understands (a decoded revert at
+   * estimateGas or on chain, a gas ceiling, a refused broadcast): the reason code and one clean line.
+   */
+  failure?: { code: string; message: string };
 }
 
 export const settlementContext = new AsyncLocalStorage<SettlementContext>();

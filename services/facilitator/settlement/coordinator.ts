@@ -11,7 +11,7 @@ import { erc20Abi, type Address } from "viem";
 import type { ChainClient } from "../chain.ts";
 import { settlementContext } from "./context.ts";
 import { paymentDigest, paymentIdentity } from "./payment-id.ts";
-import { findMined, sleep } from "./receipts.ts";
+import { pollMined, sleep } from "./receipts.ts";
 import type { SettlementStore } from "./store.ts";
 
 export interface CoordinatorOptions {
@@ -75,9 +75,10 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
       const txs = await store.outboxForPayment(paymentId);
       const open = txs.filter((t) => OPEN.has(t.state));
       for (const tx of open) {
-        const mined = await findMined(opts.chain, tx.hashes, opts.confirmations);
+        const mined = await pollMined(opts.chain, tx.hashes, opts.confirmations); // one shared, budgeted poller per process
         if (mined) {
-          await store.recordMined(paymentId, tx.id, mined.hash, mined.receipt.status === "success", mined.receipt.gasUsed * mined.receipt.effectiveGasPrice);
+          const { receipt } = mined;
+          await store.recordMined(paymentId, tx.id, mined.hash, receipt.status === "success", receipt.gasUsed * receipt.effectiveGasPrice, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });
           return stored(paymentId);
         }
       }

@@ -1,7 +1,9 @@
 // The FacilitatorEvmSigner the reference mechanisms settle through. Every transaction gets its
-// nonce from the settlement store (so processes sharing a key never collide), is signed and
-// stored in the outbox before it is broadcast, and receipt waits are bounded and follow fee
-// replacements. Reads go straight to the chain client.
+// nonce from the settlement store (so processes sharing a key never collide), is checked against
+// its kind's gas ceiling and the fee cap, signed and stored in the outbox before it is broadcast;
+// a broadcast the node refuses for good gives its nonce back (or fills it) so the key never
+// wedges. Receipt waits are bounded, shared and follow fee replacements. Reads go straight to the
+// chain client.
 import {
   encodeFunctionData,
   isAddressEqual,
@@ -15,9 +17,13 @@ import {
 } from "viem";
 import type { FacilitatorEvmSigner } from "@x402/evm";
 import type { Logger } from "../../platform/logger.ts";
+import type { Metrics } from "../../platform/metrics.ts";
 import type { ChainClient } from "../chain.ts";
+import { broadcastErrorLine, classifyBroadcastError, type BroadcastOutcome } from "./broadcast-errors.ts";
 import { settlementContext } from "./context.ts";
-import { findMined, sleep } from "./receipts.ts";
+import { DEFAULT_BASE_FEE_MULTIPLIER, GasCeilingExceededError, createGasPolicy, transactionKind, type Fees, type GasPolicy, type TransactionKind } from "./gas-policy.ts";
+import { pollMined, sleep } from "./receipts.ts";
+import { cleanLine, explainCallFailure, failureCodeOf } from "./reverts.ts";
 import type { OutboxRow, SettlementStore } from "./store.ts";
 
 export interface OutboxSignerOptions {
@@ -27,11 +33,15 @@ export interface OutboxSignerOptions {
   /** Upper bound of a receipt wait in ms. */
   receiptTimeoutMs: number;
   confirmations: number;
-  /** Fee cap in wei per gas; transactions are never signed above it. */
-  maxFeePerGasWei?: bigint;
-  /** Whether a key may be picked (its balance is above the configured minimum). */
+  /** Gas ceilings per kind and the fee cap; nothing above them is signed (default: the documented defaults). */
+  gasPolicy?: GasPolicy;
+  /** Whether a key may be picked (its balance covers its next transaction). */
   isFunded: (signer: Address) => boolean;
+  /** A node said the key cannot pay: take it out of rotation now, not at the next balance read. */
+  onInsufficientFunds?: (signer: Address) => void;
   logger: Logger;
+  metrics?: Metrics;
+  network?: string;
   pollIntervalMs?: number;
   /** Fault injection for crash-recovery tests: SIGKILL this process at that point. */
   crashAt?: "after_store" | "after_broadcast";
@@ -41,20 +51,40 @@ export class NoSignerAvailableError extends Error {
   override name = "NoSignerAvailableError";
 }
 
+/** A settlement transaction that was not sent; the message is one clean line, fit for an answer. */
+export class SettlementNotSentError extends Error {
+  override name = "SettlementNotSentError";
+}
+
+export interface MarketFees extends Fees {
+  baseFeePerGas: bigint;
+  /** The highest maxFeePerGas signed right now (relative and absolute caps). */
+  cap: bigint;
+}
+
+export type SendOutcome = "sent" | BroadcastOutcome;
+
 export interface OutboxSigner extends FacilitatorEvmSigner {
-  /** Broadcasts a stored transaction (again); idempotent. */
-  broadcast(row: Pick<OutboxRow, "id" | "raw_tx" | "hash">): Promise<void>;
+  /** Signs, stores and broadcasts a transaction (an explicit gas limit is checked against its kind's ceiling too). */
+  sendTransaction(args: { to: Address; data: Hex; gas?: bigint }): Promise<Hex>;
+  /** Broadcasts a stored transaction (again); idempotent; throws when it was not accepted. */
+  broadcast(row: Pick<OutboxRow, "id" | "raw_tx" | "hash" | "hashes">): Promise<void>;
+  /** Broadcasts a stored transaction and says how the node took it (never throws for a node's answer). */
+  send(row: Pick<OutboxRow, "id" | "raw_tx" | "hash" | "hashes">): Promise<SendOutcome>;
   /** Signs the same transaction again with new fees (a replacement). */
-  resign(row: OutboxRow, fees: { maxFeePerGas: bigint; maxPriorityFeePerGas: bigint }): Promise<{ raw: Hex; hash: Hex }>;
+  resign(row: OutboxRow, fees: Fees): Promise<{ raw: Hex; hash: Hex }>;
+  /** Gives up a refused transaction's nonce (reused by the next transaction, or filled). */
+  retire(row: OutboxRow, reason: BroadcastOutcome, error: string): Promise<void>;
+  /** Current fees, clamped to the cap, with the cap itself. */
+  marketFees(): Promise<MarketFees>;
   inFlight(): Record<Address, number>;
   account(address: string): PrivateKeyAccount | undefined;
 }
 
 const message = (e: unknown) => String((e as Error)?.message ?? e).split("\n")[0]!.replace(/https?:\/\/\S+/g, "<rpc>");
-const alreadyKnown = (e: unknown) => /already known|known transaction|already imported|AlreadyKnown/i.test(message(e));
-const nonceTooLow = (e: unknown) => /nonce too low|nonce.*(already|has been) used|NONCE_EXPIRED|OldNonce/i.test(message(e));
-/** Errors that say "this node is not reachable", as opposed to "this transaction is rejected". */
-const transient = (e: unknown) => /fetch failed|ECONNREFUSED|ECONNRESET|timed? ?out|socket|network|HTTP request failed|503|502|504/i.test(message(e));
+
+/** Outcomes that say nothing about the transaction: the node was not reached. */
+const RETRY_LATER = new Set<SendOutcome>(["unreachable"]);
 
 function crash(point: string, at: string | undefined) {
   if (at === point) process.kill(process.pid, "SIGKILL");
@@ -62,6 +92,8 @@ function crash(point: string, at: string | undefined) {
 
 export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   const { client, chain } = opts.chain;
+  const policy = opts.gasPolicy ?? createGasPolicy({ baseFeeMultiplier: DEFAULT_BASE_FEE_MULTIPLIER });
+  const network = opts.network ?? `eip155:${chain.id}`;
   const accounts = new Map(opts.accounts.map((a) => [a.address.toLowerCase(), a]));
   const busy = new Map<Address, number>(opts.accounts.map((a) => [a.address, 0]));
   const release = (address: Address) => busy.set(address, Math.max(0, busy.get(address)! - 1));
@@ -81,7 +113,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       return account;
     }
     const funded = opts.accounts.filter((a) => opts.isFunded(a.address));
-    if (funded.length === 0) throw new NoSignerAvailableError("no signer key holds more than the minimum balance; fund the facilitator's keys");
+    if (funded.length === 0) throw new NoSignerAvailableError("no signer key holds enough to pay its next transaction; fund the facilitator's keys");
     // Least busy (sending or awaiting a receipt); ties rotate so equal keys share the load.
     rotation = (rotation + 1) % funded.length;
     let best = funded[rotation]!;
@@ -89,18 +121,29 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     return best;
   }
 
+  /** Says why a settlement failed without sending, in the payment's context and as the error. */
+  function fail(kind: TransactionKind, code: string | undefined, line: string): never {
+    const ctx = settlementContext.getStore();
+    if (ctx) ctx.failure = { code: code ?? failureCodeOf(kind), message: cleanLine(line) };
+    throw new SettlementNotSentError(cleanLine(line));
+  }
+
   // Fee estimates change per block at most: one estimate serves every settlement of the next second.
-  let feeCache: { at: number; value: Promise<{ maxFeePerGas: bigint; maxPriorityFeePerGas: bigint }> } | undefined;
-  async function fees(): Promise<{ maxFeePerGas: bigint; maxPriorityFeePerGas: bigint }> {
+  let feeCache: { at: number; value: Promise<MarketFees> } | undefined;
+  async function marketFees(): Promise<MarketFees> {
     if (!feeCache || Date.now() - feeCache.at > 1000) {
-      const value = client.estimateFeesPerGas();
+      const value = (async () => {
+        const block = await client.getBlock({ blockTag: "latest" });
+        const baseFeePerGas = block.baseFeePerGas ?? 0n;
+        const tip = await client.estimateMaxPriorityFeePerGas({ block } as never);
+        const cap = policy.feeCap(baseFeePerGas, tip);
+        // viem's default: 1.2 x base fee + tip leaves room for base-fee rises over a few blocks.
+        return { baseFeePerGas, cap, ...policy.clamp({ maxFeePerGas: (baseFeePerGas * 12n) / 10n + tip, maxPriorityFeePerGas: tip }, cap) };
+      })();
       feeCache = { at: Date.now(), value };
       value.catch(() => (feeCache = undefined));
     }
-    const f = await feeCache.value;
-    const cap = opts.maxFeePerGasWei;
-    if (cap !== undefined && f.maxFeePerGas > cap) return { maxFeePerGas: cap, maxPriorityFeePerGas: f.maxPriorityFeePerGas > cap ? cap : f.maxPriorityFeePerGas };
-    return f;
+    return feeCache.value;
   }
 
   async function sign(account: PrivateKeyAccount, tx: { to: Hex; data: Hex; gas: bigint; nonce: bigint; maxFeePerGas: bigint; maxPriorityFeePerGas: bigint }) {
@@ -108,48 +151,106 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     return { raw, hash: keccak256(raw) };
   }
 
-  async function broadcast(row: Pick<OutboxRow, "id" | "raw_tx" | "hash">): Promise<void> {
+  /** Whether the node knows one of our hashes for this row (so a "nonce used" is about us). */
+  async function knownToNode(hashes: readonly Hex[]): Promise<boolean> {
+    const found = await Promise.all(hashes.map((hash) => client.getTransaction({ hash }).then(() => true, () => false)));
+    return found.some(Boolean);
+  }
+
+  async function send(row: Pick<OutboxRow, "id" | "raw_tx" | "hash" | "hashes">): Promise<SendOutcome> {
     try {
       await client.sendRawTransaction({ serializedTransaction: row.raw_tx });
       await opts.store.markBroadcast(row.id);
+      return "sent";
     } catch (e) {
-      if (alreadyKnown(e)) return opts.store.markBroadcast(row.id);
-      // "nonce too low" for a transaction of ours that the node has seen means it was mined.
-      if (nonceTooLow(e) && (await client.getTransaction({ hash: row.hash }).catch(() => undefined))) return opts.store.markBroadcast(row.id);
-      await opts.store.noteError(row.id, message(e));
-      throw e;
+      const outcome = classifyBroadcastError(e);
+      // "Nonce too low" or "replacement underpriced" for a transaction the node already has (anvil
+      // answers a repeated send with the latter) means it is on its way or mined: as good as sent.
+      if (outcome === "already_known" || ((outcome === "nonce_too_low" || outcome === "replacement_underpriced") && (await knownToNode(row.hashes ?? [row.hash])))) {
+        await opts.store.markBroadcast(row.id);
+        return "sent";
+      }
+      await opts.store.noteRejection(row.id, outcome, broadcastErrorLine(e));
+      if (!RETRY_LATER.has(outcome)) opts.metrics?.broadcastRejected.inc({ network, reason: outcome });
+      return outcome;
     }
+  }
+
+  async function broadcast(row: Pick<OutboxRow, "id" | "raw_tx" | "hash" | "hashes">): Promise<void> {
+    const outcome = await send(row);
+    if (outcome !== "sent") throw new Error(`broadcast not accepted: ${outcome}`);
+  }
+
+  async function retire(row: OutboxRow, reason: BroadcastOutcome, error: string): Promise<void> {
+    const account = accounts.get(row.signer.toLowerCase());
+    if (!account) return;
+    const fee = await marketFees().catch(() => ({ maxFeePerGas: BigInt(row.max_fee_per_gas), maxPriorityFeePerGas: BigInt(row.max_priority_fee_per_gas) }));
+    const filler = { maxFeePerGas: fee.maxFeePerGas, maxPriorityFeePerGas: fee.maxPriorityFeePerGas };
+    const retired = await opts.store.retire(row.id, reason, error, async (nonce) => ({
+      ...(await sign(account, { to: account.address, data: "0x", gas: 21_000n, nonce, ...filler })),
+      ...filler,
+    }));
+    if (!retired) return;
+    if (retired.reused) {
+      opts.logger.warn({ signer: row.signer, nonce: row.nonce, reason }, "transaction refused by the node; its nonce goes to the next transaction of the key");
+      return;
+    }
+    opts.logger.warn({ signer: row.signer, nonce: row.nonce, reason, filler: retired.filler.hash }, "transaction refused by the node; its nonce is filled by a zero-value self-transfer");
+    // Best effort now; the reconciler keeps sending it (and repricing it) until it is mined.
+    await send(retired.filler).catch(() => undefined);
+  }
+
+  /** The chain is ahead of our counter (the key was used outside the fleet): skip forward. */
+  async function skipForeignNonce(row: OutboxRow, reason: BroadcastOutcome): Promise<void> {
+    await opts.store.markDropped(row.id, "nonce used outside the fleet", reason);
+    await opts.store.advanceNonce(row.signer, await client.getTransactionCount({ address: row.signer, blockTag: "pending" }));
   }
 
   async function sendTransaction(args: { to: Address; data: Hex; gas?: bigint }): Promise<Hex> {
     const ctx = settlementContext.getStore();
     const paymentId = ctx?.paymentId ?? `untracked:${Date.now()}:${Math.random()}`;
     const account = pick();
+    const kind = transactionKind(account.address, args.to, args.data);
     busy.set(account.address, busy.get(account.address)! + 1);
     let awaitingReceipt = false;
     try {
-      const [gas, fee] = await Promise.all([
-        args.gas ?? client.estimateGas({ account: account.address, to: args.to, data: args.data }).then((g) => (g * 12n) / 10n),
-        fees(),
+      const [estimate, fee] = await Promise.all([
+        args.gas ??
+          client.estimateGas({ account: account.address, to: args.to, data: args.data }).catch(async (e) => {
+            // The call would revert now: say why, in a reason code and a line without calldata.
+            const why = await explainCallFailure(opts.chain, kind, args.to, args.data, e);
+            if (why) fail(kind, why.code, why.message);
+            throw new SettlementNotSentError(`gas estimation failed: ${cleanLine(message(e))}`);
+          }),
+        marketFees(),
       ]);
-      const entry = { paymentId, signer: account.address, to: args.to, data: args.data, gas, ...fee };
+      try {
+        policy.checkGas(kind, estimate);
+      } catch (e) {
+        if (!(e instanceof GasCeilingExceededError)) throw e;
+        opts.metrics?.gasCeilingRefused.inc({ network, kind });
+        opts.logger.warn({ signer: account.address, kind, gas: estimate.toString(), ceiling: e.ceiling.toString() }, "gas above the ceiling: not signed");
+        fail(kind, undefined, e.message);
+      }
+      // Headroom over the estimate, never past the ceiling.
+      const padded = args.gas ?? (estimate * 12n) / 10n;
+      const gas = padded > policy.ceiling(kind) ? policy.ceiling(kind) : padded;
+      const entry = { paymentId, signer: account.address, to: args.to, data: args.data, gas, kind, maxFeePerGas: fee.maxFeePerGas, maxPriorityFeePerGas: fee.maxPriorityFeePerGas };
       let row = await opts.store.allocateAndStore(entry, () => client.getTransactionCount({ address: account.address, blockTag: "pending" }), (nonce) => sign(account, { ...entry, nonce }));
       crash("after_store", opts.crashAt);
-      try {
-        await broadcast(row);
-      } catch (e) {
-        if (nonceTooLow(e)) {
-          // The chain is ahead of our counter (the key was used outside the fleet): skip forward once.
-          await opts.store.markDropped(row.id, "nonce consumed outside the fleet");
-          await opts.store.advanceNonce(account.address, await client.getTransactionCount({ address: account.address, blockTag: "pending" }));
+      for (let attempt = 0; ; attempt++) {
+        const outcome = await send(row);
+        if (outcome === "sent" || RETRY_LATER.has(outcome)) break; // unreachable: the row stays "signed" and the reconciler sends it
+        if ((outcome === "nonce_too_low" || outcome === "replacement_underpriced") && attempt < 3) {
+          // Another transaction of this key (sent outside the fleet) holds the nonce: take the next one.
+          await skipForeignNonce(row, outcome);
           row = await opts.store.allocateAndStore(entry, async () => 0, (nonce) => sign(account, { ...entry, nonce }));
-          await broadcast(row);
-        } else if (!transient(e)) {
-          // Rejected outright: the nonce must still be used, or every later transaction of this key would wait behind the gap.
-          await fillNonce(account, row, message(e));
-          throw e;
+          continue;
         }
-        // A node that cannot be reached: the row stays "signed" and the reconciler broadcasts it.
+        if (outcome === "insufficient_funds") opts.onInsufficientFunds?.(account.address);
+        // Refused for good: the nonce must still be used, or every later transaction of this key would wait behind the gap.
+        await retire(row, outcome, outcome);
+        fail(kind, undefined, `the node refused the ${kind} transaction (${outcome}); nothing was sent`);
       }
       crash("after_broadcast", opts.crashAt);
       if (sent.size > 10_000) sent.clear(); // entries are removed by the receipt wait; this bounds the rare leftovers
@@ -161,13 +262,11 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     }
   }
 
-  /** Uses a nonce whose transaction was rejected with a zero-value self-transfer. */
-  async function fillNonce(account: PrivateKeyAccount, row: OutboxRow, reason: string): Promise<void> {
-    opts.logger.warn({ signer: account.address, nonce: row.nonce, reason }, "transaction rejected by the node; filling its nonce");
-    const fee = await fees();
-    const filler = await sign(account, { to: account.address, data: "0x", gas: 21_000n, nonce: BigInt(row.nonce), ...fee });
-    await opts.store.markDropped(row.id, reason);
-    await client.sendRawTransaction({ serializedTransaction: filler.raw }).catch((e) => opts.logger.error({ signer: account.address, nonce: row.nonce, err: message(e) }, "nonce filler failed"));
+  /** A mined revert's decoded reason (the store explained it when marking it) into the payment's context. */
+  async function noteMinedRevert(hash: Hex): Promise<void> {
+    const ctx = settlementContext.getStore();
+    const row = ctx ? await opts.store.outboxByHash(hash) : undefined;
+    if (ctx && row?.revert_reason) ctx.failure = { code: row.revert_reason, message: row.revert_message ?? "the settlement transaction reverted" };
   }
 
   return {
@@ -175,6 +274,9 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     inFlight: () => Object.fromEntries(busy),
     account: (address) => accounts.get(address.toLowerCase()),
     broadcast,
+    send,
+    retire,
+    marketFees,
     resign: (row, fee) => sign(accounts.get(row.signer.toLowerCase())!, { to: row.to_address, data: row.data, gas: BigInt(row.gas), nonce: BigInt(row.nonce), ...fee }),
 
     // `account` (an eth_call's from) is passed through: upto simulates its settle call as the facilitator.
@@ -211,10 +313,13 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       const row = sent.get(args.hash) ?? (await opts.store.outboxByHash(args.hash));
       try {
         for (;;) {
-          const mined = await findMined(opts.chain, row?.hashes ?? [args.hash], opts.confirmations);
+          // Shared with every other waiter of this transaction in the process, and budgeted.
+          const mined = await pollMined(opts.chain, row?.hashes ?? [args.hash], opts.confirmations);
           if (mined) {
-            if (row) await opts.store.markMined(row.id, mined.hash, mined.receipt.status === "success", mined.receipt.gasUsed * mined.receipt.effectiveGasPrice);
-            return mined.receipt;
+            const { receipt } = mined;
+            if (row) await opts.store.markMined(row.id, mined.hash, receipt.status === "success", receipt.gasUsed * receipt.effectiveGasPrice, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });
+            if (receipt.status !== "success") await noteMinedRevert(mined.hash);
+            return receipt;
           }
           if (Date.now() >= deadline) throw new Error(`no receipt for ${args.hash} within ${opts.receiptTimeoutMs} ms`);
           await sleep(poll);

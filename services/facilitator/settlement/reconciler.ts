@@ -1,13 +1,16 @@
 // Drives every open outbox transaction of a network to a receipt, from any facilitator process:
-// broadcasts what was stored but not sent (a crash, an unreachable node), re-sends what a node
-// forgot, replaces what is stuck below the fee market, and records mined outcomes on the payment.
-// Row locks with SKIP LOCKED keep two reconcilers from acting on one transaction at once.
+// broadcasts what was stored but not sent (a crash, an unreachable node, a key waiting for funds),
+// re-sends what a node forgot, replaces what is stuck below the fee market (a bounded number of
+// times, under the fee cap), gives up the nonce of what a node refuses for good, records mined
+// outcomes on the payment, and re-sends mined transactions a reorg removed.
+// Compare-and-set updates keep two reconcilers from acting on one transaction twice.
 import type { Logger } from "../../platform/logger.ts";
 import type { Metrics } from "../../platform/metrics.ts";
 import type { ChainClient } from "../chain.ts";
-import type { OutboxSigner } from "./outbox-signer.ts";
+import { TransactionReceiptNotFoundError } from "viem";
+import type { OutboxSigner, SendOutcome } from "./outbox-signer.ts";
 import { findMined } from "./receipts.ts";
-import type { OutboxRow, SettlementStore } from "./store.ts";
+import { NONCE_FILLER_PAYMENT, type OutboxRow, type SettlementStore } from "./store.ts";
 
 export interface ReconcilerOptions {
   store: SettlementStore;
@@ -22,15 +25,24 @@ export interface ReconcilerOptions {
   broadcastAfterMs?: number;
   /** A broadcast transaction without a receipt after this long is replaced with higher fees. */
   replaceAfterMs?: number;
-  maxFeePerGasWei?: bigint;
+  /** Fee replacements of one transaction at most; past them it waits for the market. */
+  maxFeeBumps?: number;
+  /** A key the node said cannot pay. */
+  onInsufficientFunds?: (signer: `0x${string}`) => void;
 }
 
 const bump = (v: bigint) => (v * 1125n) / 1000n + 1n; // +12.5%: above every client's replacement threshold
+const max = (a: bigint, b: bigint) => (a > b ? a : b);
+
+export const DEFAULT_MAX_FEE_BUMPS = 5;
 
 export function startReconciler(opts: ReconcilerOptions) {
   const { store, signer, chain, network, logger } = opts;
   const broadcastAfter = (opts.broadcastAfterMs ?? 2000) / 1000;
   const replaceAfter = (opts.replaceAfterMs ?? 15_000) / 1000;
+  const maxBumps = opts.maxFeeBumps ?? DEFAULT_MAX_FEE_BUMPS;
+  // Rows already reported as waiting at a limit: say it once per row, not once per pass.
+  const waitingAtLimit = new Set<string>();
   let running: Promise<void> | undefined;
   let stopped = false;
 
@@ -42,40 +54,116 @@ export function startReconciler(opts: ReconcilerOptions) {
         logger.warn({ id: tx.id, signer: tx.signer, nonce: tx.nonce, err: (e as Error).name }, "could not reconcile a transaction; will retry");
       }
     }
+    await watchDepth().catch((e) => logger.warn({ err: (e as Error).name }, "could not check mined transactions for reorgs; will retry"));
     await exportStats();
   }
 
   async function reconcile(tx: OutboxRow): Promise<void> {
     const mined = await findMined(chain, tx.hashes, opts.confirmations);
     if (mined) {
-      await store.recordMined(tx.payment_id, tx.id, mined.hash, mined.receipt.status === "success", mined.receipt.gasUsed * mined.receipt.effectiveGasPrice);
+      const { receipt } = mined;
+      waitingAtLimit.delete(tx.id);
+      await store.recordMined(tx.payment_id, tx.id, mined.hash, receipt.status === "success", receipt.gasUsed * receipt.effectiveGasPrice, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });
       return;
     }
     if (tx.state === "signed") {
-      // Stored but not sent (a crash, an unreachable node). The same bytes twice are harmless.
-      if (tx.age_seconds >= broadcastAfter) await signer.broadcast(tx).catch((e) => logger.warn({ id: tx.id, err: (e as Error).name }, "broadcast retry failed"));
+      // Stored but not sent (a crash, an unreachable node, a refusal waiting for funds). The same bytes twice are harmless.
+      if (tx.age_seconds >= broadcastAfter || tx.payment_id === NONCE_FILLER_PAYMENT) await handle(tx, await signer.send(tx));
       return;
     }
-    // Each attempt gets `replaceAfter` to mine before the next, higher-fee one.
-    if (tx.age_seconds >= replaceAfter * tx.hashes.length) return replace(tx);
+    // Each attempt gets `replaceAfter` to mine before the next, higher-fee one; at its limits it waits, still in the pool.
+    if (tx.age_seconds >= replaceAfter * tx.hashes.length && (await replace(tx, false))) return;
     const known = await chain.client.getTransaction({ hash: tx.hash }).catch(() => undefined);
-    // The node forgot it (restart, eviction): send the same bytes again.
-    if (!known) await signer.broadcast(tx).catch(() => undefined);
+    // The node forgot it (restart, eviction, a reorg): send the same bytes again.
+    if (!known) await handle(tx, await signer.send(tx));
   }
 
-  async function replace(tx: OutboxRow) {
-    const market = await chain.client.estimateFeesPerGas();
-      let maxFeePerGas = bump(BigInt(tx.max_fee_per_gas)) > market.maxFeePerGas ? bump(BigInt(tx.max_fee_per_gas)) : market.maxFeePerGas;
-      let maxPriorityFeePerGas = bump(BigInt(tx.max_priority_fee_per_gas)) > market.maxPriorityFeePerGas ? bump(BigInt(tx.max_priority_fee_per_gas)) : market.maxPriorityFeePerGas;
-      if (opts.maxFeePerGasWei !== undefined && maxFeePerGas > opts.maxFeePerGasWei) {
-        if (BigInt(tx.max_fee_per_gas) >= opts.maxFeePerGasWei) return; // already at the cap: wait for the market
-        maxFeePerGas = opts.maxFeePerGasWei;
+  /** What a refused broadcast of a stored transaction leads to. */
+  async function handle(tx: OutboxRow, outcome: SendOutcome): Promise<void> {
+    if (outcome === "sent" || outcome === "unreachable" || outcome === "nonce_too_high") return;
+    const filler = tx.payment_id === NONCE_FILLER_PAYMENT;
+    switch (outcome) {
+      case "underpriced":
+      case "replacement_underpriced":
+        await replace(tx, true); // priced under the market (or under another pooled transaction): reprice
+        return;
+      case "insufficient_funds":
+        opts.onInsufficientFunds?.(tx.signer);
+        if (!waitingAtLimit.has(tx.id)) logger.warn({ signer: tx.signer, nonce: tx.nonce }, "the key cannot pay this transaction; it is sent once the key is funded");
+        waitingAtLimit.add(tx.id);
+        return;
+      case "nonce_too_low":
+        // Another transaction of the key (sent outside the fleet) took the nonce: no gap to fill.
+        await store.markDropped(tx.id, "nonce used outside the fleet", outcome);
+        await store.advanceNonce(tx.signer, await chain.client.getTransactionCount({ address: tx.signer, blockTag: "pending" }));
+        if (!filler) await store.recordRejected(tx.payment_id, outcome);
+        return;
+      default:
+        if (filler) return; // a zero-value self-transfer refused for good cannot be fixed by another one: keep trying
+        await signer.retire(tx, outcome, outcome);
+        await store.recordRejected(tx.payment_id, outcome);
+    }
+  }
+
+  /** Re-signs with the same nonce at higher fees, within the bump limit and the fee cap; false when it may not. */
+  async function replace(tx: OutboxRow, reprice: boolean): Promise<boolean> {
+    const bumps = tx.hashes.length - 1;
+    if (bumps >= maxBumps) return waitAtLimit(tx, "bumps");
+    const market = await signer.marketFees();
+    // A repricing of a refused transaction needs only the market; a replacement must outbid its predecessor.
+    const floor = reprice ? { maxFeePerGas: 0n, maxPriorityFeePerGas: 0n } : { maxFeePerGas: bump(BigInt(tx.max_fee_per_gas)), maxPriorityFeePerGas: bump(BigInt(tx.max_priority_fee_per_gas)) };
+    const maxFeePerGas = max(floor.maxFeePerGas, market.maxFeePerGas);
+    if (maxFeePerGas > market.cap) return waitAtLimit(tx, "fee_cap");
+    let maxPriorityFeePerGas = max(floor.maxPriorityFeePerGas, market.maxPriorityFeePerGas);
+    if (maxPriorityFeePerGas > maxFeePerGas) maxPriorityFeePerGas = maxFeePerGas;
+    if (reprice && maxFeePerGas === BigInt(tx.max_fee_per_gas) && maxPriorityFeePerGas === BigInt(tx.max_priority_fee_per_gas)) return waitAtLimit(tx, "fee_cap");
+    const signed = await signer.resign(tx, { maxFeePerGas, maxPriorityFeePerGas });
+    if (!(await store.replace(tx.id, tx.hash, { maxFeePerGas, maxPriorityFeePerGas }, signed))) return true; // another reconciler replaced it first
+    waitingAtLimit.delete(tx.id);
+    logger.info({ signer: tx.signer, nonce: tx.nonce, replaces: tx.hash, hash: signed.hash, bump: bumps + 1 }, "replaced a stuck transaction with higher fees");
+    const outcome = await signer.send({ id: tx.id, raw_tx: signed.raw, hash: signed.hash, hashes: [...tx.hashes, signed.hash] });
+    if (outcome !== "sent") logger.warn({ signer: tx.signer, nonce: tx.nonce, outcome }, "replacement not accepted; the earlier attempt stays in the pool");
+    return true;
+  }
+
+  function waitAtLimit(tx: OutboxRow, limit: "bumps" | "fee_cap"): false {
+    if (waitingAtLimit.has(tx.id)) return false;
+    waitingAtLimit.add(tx.id);
+    opts.metrics.replacementCapped.inc({ network, limit });
+    logger.warn({ signer: tx.signer, nonce: tx.nonce, hash: tx.hash, limit, bumps: tx.hashes.length - 1 }, "stuck transaction not replaced: at its fee limit; it waits for the market");
+    return false;
+  }
+
+  /**
+   * Mined transactions stay watched until `confirmations` blocks deep: one whose block left the
+   * canonical chain goes back to 'broadcast' with the very bytes that were mined and is sent again.
+   */
+  async function watchDepth(): Promise<void> {
+    const watched = await store.watchedOutbox(signer.getAddresses());
+    if (watched.length === 0) return;
+    const head = await chain.client.getBlockNumber({ cacheTime: 0 });
+    for (const tx of watched) {
+      const at = BigInt(tx.mined_block_number!);
+      const receipt = await chain.client.getTransactionReceipt({ hash: tx.mined_hash! }).catch((e) => (e instanceof TransactionReceiptNotFoundError ? null : undefined));
+      if (receipt === undefined) continue; // the node did not answer: ask again next pass
+      if (receipt && receipt.blockHash === tx.mined_block_hash) {
+        if (head >= at + BigInt(opts.confirmations)) await store.settleWatch(tx.id);
+        continue;
       }
-      if (maxPriorityFeePerGas > maxFeePerGas) maxPriorityFeePerGas = maxFeePerGas;
-      const signed = await signer.resign(tx, { maxFeePerGas, maxPriorityFeePerGas });
-      if (!(await store.replace(tx.id, tx.hash, { maxFeePerGas, maxPriorityFeePerGas }, signed))) return; // another reconciler replaced it first
-      logger.info({ signer: tx.signer, nonce: tx.nonce, replaces: tx.hash, hash: signed.hash }, "replaced a stuck transaction with higher fees");
-    await signer.broadcast({ id: tx.id, raw_tx: signed.raw, hash: signed.hash }).catch((e) => logger.warn({ err: (e as Error).name }, "replacement broadcast failed"));
+      // Make sure the block really changed (a lagging node behind a load balancer may just not know the receipt yet).
+      const block = await chain.client.getBlock({ blockNumber: at }).catch(() => undefined);
+      if (receipt === null && block?.hash === tx.mined_block_hash) continue;
+      const row = await store.reorged(tx.id, tx.mined_block_hash!);
+      if (!row) continue; // another reconciler handled it
+      opts.metrics.reorged.inc({ network });
+      logger.warn({ signer: tx.signer, nonce: tx.nonce, hash: row.hash, block: at.toString() }, "a mined settlement transaction left the canonical chain; sending it again");
+      if (receipt) {
+        // Already included again in the new chain: record where.
+        await store.recordMined(row.payment_id, row.id, receipt.transactionHash, receipt.status === "success", undefined, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });
+        continue;
+      }
+      await handle(row, await signer.send(row));
+    }
   }
 
   async function exportStats() {

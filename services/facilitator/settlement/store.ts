@@ -62,6 +62,26 @@ ALTER TABLE settlement_payments ADD COLUMN asset text;
 ALTER TABLE settlement_payments ADD COLUMN reserved numeric(78,0);
 CREATE INDEX settlement_payments_in_flight ON settlement_payments (network, asset, payer) WHERE reserved IS NOT NULL AND state IN ('claimed', 'pending')`,
   },
+  {
+    // Signer trust: the raw bytes of every attempt (a reorg re-sends the one that was mined), the
+    // kind of transaction, why a broadcast was rejected, where a receipt was mined (watched until
+    // deep enough), the decoded revert; and a nonce may be held again once its row is dropped.
+    id: "settlement/003_signer_trust",
+    sql: `
+ALTER TABLE settlement_outbox ADD COLUMN raw_txs text[];
+UPDATE settlement_outbox SET raw_txs = ARRAY[raw_tx];
+ALTER TABLE settlement_outbox ADD COLUMN kind text;
+ALTER TABLE settlement_outbox ADD COLUMN reject_reason text;
+ALTER TABLE settlement_outbox ADD COLUMN mined_block_number bigint;
+ALTER TABLE settlement_outbox ADD COLUMN mined_block_hash text;
+ALTER TABLE settlement_outbox ADD COLUMN watched boolean NOT NULL DEFAULT false;
+ALTER TABLE settlement_outbox ADD COLUMN revert_reason text;
+ALTER TABLE settlement_outbox ADD COLUMN revert_message text;
+ALTER TABLE settlement_outbox ADD COLUMN reorged_at timestamptz;
+ALTER TABLE settlement_outbox DROP CONSTRAINT settlement_outbox_network_signer_nonce_key;
+CREATE UNIQUE INDEX settlement_outbox_live_nonce ON settlement_outbox (network, signer, nonce) WHERE state <> 'dropped';
+CREATE INDEX settlement_outbox_watched ON settlement_outbox (network) WHERE watched`,
+  },
 ];
 
 export type PaymentState = "claimed" | "pending" | "succeeded" | "failed";
@@ -97,7 +117,16 @@ export interface OutboxRow {
   state: OutboxState;
   attempts: number;
   mined_hash: `0x${string}` | null;
+  /** Since creation, or since the last reorg put it back on its way. */
   age_seconds: number;
+  /** Raw bytes of every attempt, in the order of `hashes`. */
+  raw_txs: `0x${string}`[] | null;
+  kind: string | null;
+  reject_reason: string | null;
+  mined_block_number: string | null;
+  mined_block_hash: `0x${string}` | null;
+  revert_reason: string | null;
+  revert_message: string | null;
 }
 
 export interface SignedTransaction {
@@ -113,15 +142,31 @@ export interface NewOutboxEntry {
   gas: bigint;
   maxFeePerGas: bigint;
   maxPriorityFeePerGas: bigint;
+  /** The transaction kind (gas-policy.ts), for ceilings and revert decoding. */
+  kind?: string;
 }
 
 const OUTBOX_COLUMNS = `id::text AS id, payment_id, signer, nonce::text AS nonce, to_address, data, gas::text AS gas,
   max_fee_per_gas::text AS max_fee_per_gas, max_priority_fee_per_gas::text AS max_priority_fee_per_gas,
-  raw_tx, hash, hashes, state, attempts, mined_hash, EXTRACT(EPOCH FROM (now() - created_at))::float8 AS age_seconds`;
+  raw_tx, hash, hashes, state, attempts, mined_hash, EXTRACT(EPOCH FROM (now() - COALESCE(reorged_at, created_at)))::float8 AS age_seconds,
+  raw_txs, kind, reject_reason, mined_block_number::text AS mined_block_number, mined_block_hash, revert_reason, revert_message`;
+
+/** Where a receipt was mined, so a reorg that removes it can be noticed. */
+export interface MinedAt {
+  blockNumber: bigint;
+  blockHash: string;
+}
+
+/** What a transaction whose nonce is given up leaves behind. */
+export type RetiredNonce = { reused: true } | { reused: false; filler: OutboxRow };
+
+export const NONCE_FILLER_PAYMENT = "nonce-filler";
 
 export interface SettlementStoreHooks {
   /** Called once per transaction, by whichever process records it mined first (gas accounting). */
   onMined?(signer: string, gasWei: bigint): void;
+  /** Decodes why a mined transaction reverted (before it is recorded, so every answer carries it). */
+  explainRevert?(row: OutboxRow, minedHash: string, minedAt?: MinedAt): Promise<{ code: string; message: string } | undefined>;
 }
 
 export function createSettlementStore(db: Database, network: string, hooks: SettlementStoreHooks = {}) {
@@ -223,9 +268,9 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
         const signed = await sign(nonce);
         await tx.query(`UPDATE settlement_nonces SET next_nonce = $3 WHERE network = $1 AND signer = $2`, [network, entry.signer, (nonce + 1n).toString()]);
         const [row] = await tx.query<OutboxRow>(
-          `INSERT INTO settlement_outbox (network, payment_id, signer, nonce, to_address, data, gas, max_fee_per_gas, max_priority_fee_per_gas, raw_tx, hash, hashes, state)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, ARRAY[$11], 'signed') RETURNING ${OUTBOX_COLUMNS}`,
-          [network, entry.paymentId, entry.signer, nonce.toString(), entry.to, entry.data, entry.gas.toString(), entry.maxFeePerGas.toString(), entry.maxPriorityFeePerGas.toString(), signed.raw, signed.hash],
+          `INSERT INTO settlement_outbox (network, payment_id, signer, nonce, to_address, data, gas, max_fee_per_gas, max_priority_fee_per_gas, raw_tx, hash, hashes, state, raw_txs, kind)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, ARRAY[$11], 'signed', ARRAY[$10], $12) RETURNING ${OUTBOX_COLUMNS}`,
+          [network, entry.paymentId, entry.signer, nonce.toString(), entry.to, entry.data, entry.gas.toString(), entry.maxFeePerGas.toString(), entry.maxPriorityFeePerGas.toString(), signed.raw, signed.hash, entry.kind ?? null],
         );
         return row!;
       });
@@ -257,7 +302,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
      */
     async replace(id: string, replacedHash: string, fees: { maxFeePerGas: bigint; maxPriorityFeePerGas: bigint }, signed: SignedTransaction): Promise<boolean> {
       const rows = await db.query(
-        `UPDATE settlement_outbox SET raw_tx = $3, hash = $4, hashes = array_append(hashes, $4), max_fee_per_gas = $5, max_priority_fee_per_gas = $6, updated_at = now()
+        `UPDATE settlement_outbox SET raw_tx = $3, hash = $4, hashes = array_append(hashes, $4), raw_txs = array_append(raw_txs, $3), max_fee_per_gas = $5, max_priority_fee_per_gas = $6, updated_at = now()
          WHERE id = $1 AND hash = $2 AND state IN ('signed', 'broadcast') RETURNING id`,
         [id, replacedHash, signed.raw, signed.hash, fees.maxFeePerGas.toString(), fees.maxPriorityFeePerGas.toString()],
       );
@@ -265,30 +310,114 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     },
 
     /** Records a mined transaction as the outcome of its payment (and of the outbox row). */
-    async recordMined(paymentId: string, txId: string, minedHash: string, success: boolean, gasWei?: bigint): Promise<void> {
-      await this.markMined(txId, minedHash, success, gasWei);
+    async recordMined(paymentId: string, txId: string, minedHash: string, success: boolean, gasWei?: bigint, minedAt?: MinedAt): Promise<void> {
+      await this.markMined(txId, minedHash, success, gasWei, minedAt);
       const payment = await this.payment(paymentId);
       if (!payment) return;
       const base = { transaction: minedHash, network, ...(payment.payer ? { payer: payment.payer } : {}) };
+      const [why] = success ? [] : await db.query<{ revert_reason: string | null; revert_message: string | null }>(`SELECT revert_reason, revert_message FROM settlement_outbox WHERE id = $1`, [txId]);
       await this.record(
         paymentId,
         success ? "succeeded" : "failed",
-        success ? { success: true, ...base, ...payment.success_extra } : { success: false, errorReason: "invalid_transaction_state", errorMessage: "the settlement transaction reverted", ...base },
+        success
+          ? { success: true, ...base, ...payment.success_extra }
+          : { success: false, errorReason: why?.revert_reason ?? "invalid_transaction_state", errorMessage: why?.revert_message ?? "the settlement transaction reverted", ...base },
       );
     },
 
-    /** Marks a transaction mined; true for the one caller that changed it (others saw it done). */
-    async markMined(id: string, minedHash: string, success: boolean, gasWei?: bigint): Promise<boolean> {
+    /**
+     * Marks a transaction mined; true for the one caller that changed it (others saw it done). A
+     * revert is explained first, so whichever process records the payment finds the reason.
+     */
+    async markMined(id: string, minedHash: string, success: boolean, gasWei?: bigint, minedAt?: MinedAt): Promise<boolean> {
+      let why: { code: string; message: string } | undefined;
+      if (!success && hooks.explainRevert) {
+        const [row] = await db.query<OutboxRow>(`SELECT ${OUTBOX_COLUMNS} FROM settlement_outbox WHERE id = $1 AND state IN ('signed', 'broadcast')`, [id]);
+        if (row) why = await hooks.explainRevert(row, minedHash, minedAt).catch(() => undefined);
+      }
       const rows = await db.query<{ signer: string }>(
-        `UPDATE settlement_outbox SET state = $2, mined_hash = $3, updated_at = now() WHERE id = $1 AND state IN ('signed', 'broadcast') RETURNING signer`,
-        [id, success ? "confirmed" : "reverted", minedHash],
+        `UPDATE settlement_outbox SET state = $2, mined_hash = $3, mined_block_number = $4::bigint, mined_block_hash = $5::text, watched = $4::bigint IS NOT NULL,
+           revert_reason = $6::text, revert_message = $7::text, updated_at = now()
+         WHERE id = $1 AND state IN ('signed', 'broadcast') RETURNING signer`,
+        [id, success ? "confirmed" : "reverted", minedHash, minedAt?.blockNumber.toString() ?? null, minedAt?.blockHash ?? null, why?.code ?? null, why?.message ?? null],
       );
       if (rows[0] && gasWei !== undefined) hooks.onMined?.(rows[0].signer, gasWei);
       return rows.length > 0;
     },
 
-    async markDropped(id: string, error: string): Promise<void> {
-      await db.query(`UPDATE settlement_outbox SET state = 'dropped', last_error = $2, updated_at = now() WHERE id = $1`, [id, error.slice(0, 500)]);
+    async markDropped(id: string, error: string, reason?: string): Promise<void> {
+      await db.query(`UPDATE settlement_outbox SET state = 'dropped', last_error = $2, reject_reason = $3, updated_at = now() WHERE id = $1`, [id, error.slice(0, 500), reason ?? null]);
+    },
+
+    /** Notes why a broadcast was refused, keeping the row as it is (it is retried). */
+    async noteRejection(id: string, reason: string, error: string): Promise<void> {
+      await db.query(`UPDATE settlement_outbox SET attempts = attempts + 1, reject_reason = $2, last_error = $3, updated_at = now() WHERE id = $1`, [id, reason, error.slice(0, 500)]);
+    },
+
+    /**
+     * Gives up a transaction the node refused for good, without leaving a gap in its key's nonces:
+     * when nothing was allocated after it, the counter steps back and the next transaction takes
+     * the nonce; otherwise a zero-value self-transfer (a row of its own, driven by the reconciler
+     * like any other) fills it.
+     */
+    async retire(id: string, reason: string, error: string, signFiller: (nonce: bigint) => Promise<SignedTransaction & { maxFeePerGas: bigint; maxPriorityFeePerGas: bigint }>): Promise<RetiredNonce | undefined> {
+      return db.transaction(async (tx) => {
+        const [row] = await tx.query<OutboxRow>(`SELECT ${OUTBOX_COLUMNS} FROM settlement_outbox WHERE id = $1 AND state IN ('signed', 'broadcast')`, [id]);
+        if (!row) return undefined; // already mined, dropped or retired by someone else
+        await tx.query(`SELECT next_nonce FROM settlement_nonces WHERE network = $1 AND signer = $2 FOR UPDATE`, [network, row.signer]);
+        await tx.query(`UPDATE settlement_outbox SET state = 'dropped', reject_reason = $2, last_error = $3, updated_at = now() WHERE id = $1`, [id, reason, error.slice(0, 500)]);
+        const stepped = await tx.query(
+          `UPDATE settlement_nonces SET next_nonce = $3 WHERE network = $1 AND signer = $2 AND next_nonce = $3::bigint + 1 RETURNING next_nonce`,
+          [network, row.signer, row.nonce],
+        );
+        if (stepped.length) return { reused: true as const };
+        const signed = await signFiller(BigInt(row.nonce));
+        const [filler] = await tx.query<OutboxRow>(
+          `INSERT INTO settlement_outbox (network, payment_id, signer, nonce, to_address, data, gas, max_fee_per_gas, max_priority_fee_per_gas, raw_tx, hash, hashes, state, raw_txs, kind)
+           VALUES ($1, $2, $3, $4, $3, '0x', 21000, $5, $6, $7, $8, ARRAY[$8], 'signed', ARRAY[$7], 'nonce_filler') RETURNING ${OUTBOX_COLUMNS}`,
+          [network, NONCE_FILLER_PAYMENT, row.signer, row.nonce, signed.maxFeePerGas.toString(), signed.maxPriorityFeePerGas.toString(), signed.raw, signed.hash],
+        );
+        return { reused: false as const, filler: filler! };
+      });
+    },
+
+    /** A payment whose transaction was refused for good: recorded as failed (its nonce was retired). */
+    async recordRejected(paymentId: string, reason: string): Promise<void> {
+      const payment = await this.payment(paymentId);
+      if (!payment) return;
+      await this.record(paymentId, "failed", {
+        success: false,
+        errorReason: "invalid_transaction_state",
+        errorMessage: `the node refused the settlement transaction (${reason}); nothing was transferred`,
+        transaction: "",
+        network,
+        ...(payment.payer ? { payer: payment.payer } : {}),
+      });
+    },
+
+    /** Mined rows not yet `confirmations` deep: the reconciler checks they are still on chain. */
+    async watchedOutbox(signers: readonly string[], limit = 500): Promise<OutboxRow[]> {
+      return db.query<OutboxRow>(`SELECT ${OUTBOX_COLUMNS} FROM settlement_outbox WHERE network = $1 AND watched AND signer = ANY($2) ORDER BY id LIMIT $3`, [network, signers, limit]);
+    },
+
+    /** Deep enough: no longer watched. */
+    async settleWatch(id: string): Promise<void> {
+      await db.query(`UPDATE settlement_outbox SET watched = false, updated_at = now() WHERE id = $1`, [id]);
+    },
+
+    /**
+     * A mined transaction left the canonical chain: back to 'broadcast' with the very bytes that
+     * were mined (same nonce, same hash), so it is sent again. Compare-and-set on the block hash.
+     */
+    async reorged(id: string, blockHash: string): Promise<OutboxRow | undefined> {
+      const [row] = await db.query<OutboxRow>(
+        `UPDATE settlement_outbox SET state = 'broadcast', watched = false,
+           raw_tx = COALESCE(raw_txs[array_position(hashes, mined_hash)], raw_tx), hash = mined_hash,
+           mined_hash = NULL, mined_block_number = NULL, mined_block_hash = NULL, reorged_at = now(), updated_at = now()
+         WHERE id = $1 AND watched AND mined_block_hash = $2 RETURNING ${OUTBOX_COLUMNS}`,
+        [id, blockHash],
+      );
+      return row;
     },
 
     async outboxForPayment(paymentId: string): Promise<OutboxRow[]> {
