@@ -11,7 +11,7 @@ import type { AssetInfo, Caip2 } from "../x402/networks.ts";
 import { extensionsFor } from "../x402/extensions.ts";
 import { checkSchemePayload } from "../x402/payloads.ts";
 import { normalizeRequest, pairKey, type Scheme } from "../x402/wire.ts";
-import type { Logger } from "../platform/logger.ts";
+import { conciseMessage, type Logger } from "../platform/logger.ts";
 import { reasonLabel, type Metrics } from "../platform/metrics.ts";
 import { withSpan } from "../platform/tracing.ts";
 import type { ChainClient } from "./chain.ts";
@@ -165,10 +165,4 @@ function scrub<T extends { invalidMessage?: string; errorMessage?: string }>(r: 
 /** What of an error may be logged: its type and first line, URLs removed. */
 function errorSummary(e: unknown): { type: string; message: string } {
   return { type: (e as Error)?.name ?? "Error", message: conciseMessage(e) };
-}
-
-/** First line of an error, without URLs (an RPC URL may embed an API key). */
-export function conciseMessage(e: unknown): string {
-  const first = String((e as Error)?.message ?? e).split("\n")[0] ?? "";
-  return first.replace(/https?:\/\/\S+/g, "<rpc>").slice(0, 300);
 }
