@@ -1,9 +1,10 @@
 // The chain client of one facilitator: viem over one or more RPC endpoints with fallback,
 // short timeouts, a metric and a span for every RPC round trip, and a chain-id check before
 // anything is served. Endpoints are named by host only: provider URLs often embed API keys.
+import { AsyncLocalStorage } from "node:async_hooks";
 import { SpanKind } from "@opentelemetry/api";
 import { Pool } from "undici";
-import { createPublicClient, defineChain, fallback, http, type Chain, type PublicClient } from "viem";
+import { createPublicClient, defineChain, fallback, http, type Chain, type PublicClient, type Transport } from "viem";
 import { endpointName } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
 import { withSpan } from "../platform/tracing.ts";
@@ -86,6 +87,64 @@ function instrumentedFetch(network: string, endpoint: string, fetch: typeof glob
   };
 }
 
+/**
+ * True when an error says "the provider did not give an answer" (HTTP error status, dropped or
+ * refused connection, unparsable body, timeout, rate limit or internal-error JSON-RPC codes), as
+ * opposed to an answer about the chain (a revert, a rejected transaction). Walks the cause chain.
+ */
+export function isRpcUnavailable(e: unknown): boolean {
+  // -32603 internal error and -32002 resource unavailable: the node could not answer.
+  return isNoAnswer(e) || someCause(e, (err) => err.code === -32603 || err.code === -32002);
+}
+
+/**
+ * The narrower case: the request was refused before a node acted on it (rate limits: -32005,
+ * 429, -32007) or its answer was lost (HTTP error status, dropped connection, bad body, timeout).
+ * A transaction sent this way may or may not be on its way: send it again, never fill its nonce.
+ */
+export function isNoAnswer(e: unknown): boolean {
+  return someCause(e, (err) => err.name === "HttpRequestError" || err.name === "TimeoutError" || err.code === -32005 || err.code === 429 || err.code === -32007);
+}
+
+function someCause(e: unknown, test: (err: { name?: string; code?: unknown }) => boolean): boolean {
+  for (let err = e as { name?: string; code?: unknown; cause?: unknown } | undefined, depth = 0; err && depth < 10; err = err.cause as typeof err, depth++) {
+    if (test(err)) return true;
+  }
+  return false;
+}
+
+// A request's RPC watch: mechanisms swallow many RPC errors into payment-level reasons (a failed
+// simulation reads as "simulation failed"), so the transport notes, in the context of the request
+// that made the call, that the provider failed after the transport's own retry.
+const watches = new AsyncLocalStorage<{ failed: boolean }>();
+
+/** Runs fn: its value or its error, and whether any RPC call it made failed for want of an answer. */
+export async function watchRpc<T>(fn: () => Promise<T>): Promise<{ failed: boolean; value?: T; error?: unknown }> {
+  const watch = { failed: false };
+  try {
+    const value = await watches.run(watch, fn);
+    return { failed: watch.failed, value };
+  } catch (error) {
+    return { failed: watch.failed || isRpcUnavailable(error), error };
+  }
+}
+
+function watched(transport: Transport): Transport {
+  return (params) => {
+    const t = transport(params);
+    const request: typeof t.request = async (args, options) => {
+      try {
+        return await t.request(args, options);
+      } catch (e) {
+        const watch = watches.getStore();
+        if (watch && isRpcUnavailable(e)) watch.failed = true;
+        throw e;
+      }
+    };
+    return { ...t, request };
+  };
+}
+
 export function createChainClient(opts: ChainClientOptions): ChainClient {
   if (opts.rpcUrls.length === 0) throw new Error("at least one RPC URL is required");
   const network = `eip155:${opts.chainId}`;
@@ -100,7 +159,7 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
   );
   const client = createPublicClient({
     chain,
-    transport: transports.length === 1 ? transports[0]! : fallback(transports, { rank: false }),
+    transport: watched(transports.length === 1 ? transports[0]! : fallback(transports, { rank: false })),
     pollingInterval: opts.pollingIntervalMs ?? 250,
   }) as PublicClient;
   return { chain, client, endpoints: opts.rpcUrls.map(endpointName) };

@@ -15,6 +15,8 @@ export interface FacilitatorConfig {
   host: string;
   port: number;
   receiptTimeoutMs: number;
+  /** Bound of one RPC round trip (the transport retries once after it). */
+  rpcTimeoutMs: number;
   assets: AssetInfo[];
   bodyLimit: number;
   adminPort: number;
@@ -60,6 +62,7 @@ const fileSchema = z
     adminPort: z.number().int().min(0).max(65535),
     minSignerBalanceWei: z.string().regex(/^[0-9]+$/),
     receiptTimeoutMs: z.number().int().positive(),
+    rpcTimeoutMs: z.number().int().positive(),
     bodyLimit: z.number().int().positive(),
     assets: z.array(
       z.object({
@@ -111,6 +114,7 @@ export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorCon
     adminPort: env.ADMIN_PORT ? Number(env.ADMIN_PORT) : undefined,
     minSignerBalanceWei: env.X402_MIN_SIGNER_BALANCE_WEI,
     receiptTimeoutMs: env.X402_RECEIPT_TIMEOUT_MS ? Number(env.X402_RECEIPT_TIMEOUT_MS) : undefined,
+    rpcTimeoutMs: env.X402_RPC_TIMEOUT_MS ? Number(env.X402_RPC_TIMEOUT_MS) : undefined,
   };
 }
 
@@ -154,6 +158,7 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
     host: c.host ?? "127.0.0.1",
     port: c.port ?? 4021,
     receiptTimeoutMs: c.receiptTimeoutMs ?? 15_000,
+    rpcTimeoutMs: c.rpcTimeoutMs ?? 10_000,
     bodyLimit: c.bodyLimit ?? 64 * 1024,
     adminPort: c.adminPort ?? (c.port === 0 ? 0 : 9421), // an ephemeral public port implies an ephemeral admin port
     minSignerBalanceWei: BigInt(c.minSignerBalanceWei ?? "0"),
