@@ -88,27 +88,16 @@ function instrumentedFetch(network: string, endpoint: string, fetch: typeof glob
 }
 
 /**
- * True when an error says "the provider did not give an answer" (HTTP error status, dropped or
- * refused connection, unparsable body, timeout, rate limit or internal-error JSON-RPC codes), as
- * opposed to an answer about the chain (a revert, a rejected transaction). Walks the cause chain.
+ * True when an error says "the provider did not give an answer": an HTTP error status, a dropped
+ * or refused connection, an unparsable body, a timeout, a rate limit (-32005, 429, -32007) or an
+ * internal error of the provider (-32603, -32002). Not an answer about the chain (a revert, a
+ * transaction the node rejects with its own code). A transaction sent with this outcome may or may
+ * not be on its way: it is sent again, its nonce never filled. Walks the cause chain.
  */
 export function isRpcUnavailable(e: unknown): boolean {
-  // -32603 internal error and -32002 resource unavailable: the node could not answer.
-  return isNoAnswer(e) || someCause(e, (err) => err.code === -32603 || err.code === -32002);
-}
-
-/**
- * The narrower case: the request was refused before a node acted on it (rate limits: -32005,
- * 429, -32007) or its answer was lost (HTTP error status, dropped connection, bad body, timeout).
- * A transaction sent this way may or may not be on its way: send it again, never fill its nonce.
- */
-export function isNoAnswer(e: unknown): boolean {
-  return someCause(e, (err) => err.name === "HttpRequestError" || err.name === "TimeoutError" || err.code === -32005 || err.code === 429 || err.code === -32007);
-}
-
-function someCause(e: unknown, test: (err: { name?: string; code?: unknown }) => boolean): boolean {
   for (let err = e as { name?: string; code?: unknown; cause?: unknown } | undefined, depth = 0; err && depth < 10; err = err.cause as typeof err, depth++) {
-    if (test(err)) return true;
+    if (err.name === "HttpRequestError" || err.name === "TimeoutError") return true;
+    if (typeof err.code === "number" && [-32005, 429, -32007, -32603, -32002].includes(err.code)) return true;
   }
   return false;
 }
@@ -117,6 +106,12 @@ function someCause(e: unknown, test: (err: { name?: string; code?: unknown }) =>
 // simulation reads as "simulation failed"), so the transport notes, in the context of the request
 // that made the call, that the provider failed after the transport's own retry.
 const watches = new AsyncLocalStorage<{ failed: boolean }>();
+
+/** Notes a failure in the current request's watch: for a shared promise (a cache) whose call another request made. */
+export function noteRpcFailure(e: unknown): void {
+  const watch = watches.getStore();
+  if (watch && isRpcUnavailable(e)) watch.failed = true;
+}
 
 /** Runs fn: its value or its error, and whether any RPC call it made failed for want of an answer. */
 export async function watchRpc<T>(fn: () => Promise<T>): Promise<{ failed: boolean; value?: T; error?: unknown }> {
@@ -136,8 +131,7 @@ function watched(transport: Transport): Transport {
       try {
         return await t.request(args, options);
       } catch (e) {
-        const watch = watches.getStore();
-        if (watch && isRpcUnavailable(e)) watch.failed = true;
+        noteRpcFailure(e);
         throw e;
       }
     };

@@ -21,7 +21,7 @@ export interface FaultPlan {
   kinds?: readonly FaultKind[];
   /** Only requests calling one of these methods are eligible (default: every method). */
   methods?: readonly string[];
-  /** Per method: the fault of its n-th call (cycled; "ok" passes). Takes precedence over rate. */
+  /** Per method: the fault of its n-th call (cycled); "ok" leaves that call to the rate. */
   schedule?: Record<string, readonly (FaultKind | "ok")[]>;
 }
 

@@ -15,7 +15,7 @@ import {
 } from "viem";
 import type { FacilitatorEvmSigner } from "@x402/evm";
 import type { Logger } from "../../platform/logger.ts";
-import { isNoAnswer, type ChainClient } from "../chain.ts";
+import { isRpcUnavailable, noteRpcFailure, type ChainClient } from "../chain.ts";
 import { settlementContext } from "./context.ts";
 import { findMined, sleep } from "./receipts.ts";
 import type { OutboxRow, SettlementStore } from "./store.ts";
@@ -54,7 +54,7 @@ const message = (e: unknown) => String((e as Error)?.message ?? e).split("\n")[0
 const alreadyKnown = (e: unknown) => /already known|known transaction|already imported|AlreadyKnown/i.test(message(e));
 const nonceTooLow = (e: unknown) => /nonce too low|nonce.*(already|has been) used|NONCE_EXPIRED|OldNonce/i.test(message(e));
 /** Errors that say "this node is not reachable", as opposed to "this transaction is rejected". */
-const transient = (e: unknown) => isNoAnswer(e) || /fetch failed|ECONNREFUSED|ECONNRESET|timed? ?out|socket|network|HTTP request failed|503|502|504/i.test(message(e));
+const transient = (e: unknown) => isRpcUnavailable(e) || /fetch failed|ECONNREFUSED|ECONNRESET|timed? ?out|socket|network|HTTP request failed|503|502|504/i.test(message(e));
 
 function crash(point: string, at: string | undefined) {
   if (at === point) process.kill(process.pid, "SIGKILL");
@@ -97,7 +97,11 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       feeCache = { at: Date.now(), value };
       value.catch(() => (feeCache = undefined));
     }
-    const f = await feeCache.value;
+    // Shared by concurrent settlements: a failure counts against each of them (see chain.ts watchRpc).
+    const f = await feeCache.value.catch((e: unknown) => {
+      noteRpcFailure(e);
+      throw e;
+    });
     const cap = opts.maxFeePerGasWei;
     if (cap !== undefined && f.maxFeePerGas > cap) return { maxFeePerGas: cap, maxPriorityFeePerGas: f.maxPriorityFeePerGas > cap ? cap : f.maxPriorityFeePerGas };
     return f;
