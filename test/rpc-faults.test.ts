@@ -72,6 +72,20 @@ describe("the asset-code check under a rate-limited RPC (the crash of issue 13)"
     expect(r.status).toBe(503);
   });
 
+  it("the proxy faults a JSON-RPC batch call by call: an error object for the scheduled method, the node's answer for the rest", async () => {
+    proxy.configure({ schedule: { eth_blockNumber: ["rpc_error"] } });
+    const r = await postJson(proxy.url, [
+      { jsonrpc: "2.0", id: 1, method: "eth_chainId", params: [] },
+      { jsonrpc: "2.0", id: 2, method: "eth_blockNumber", params: [] },
+    ]);
+    expect(r.json).toEqual([
+      { jsonrpc: "2.0", id: 1, result: `0x${rig.chainId.toString(16)}` },
+      { jsonrpc: "2.0", id: 2, error: { code: expect.any(Number), message: expect.any(String) } },
+    ]);
+    proxy.configure({ schedule: { eth_blockNumber: ["http_503"] } });
+    expect((await postJson(proxy.url, [{ jsonrpc: "2.0", id: 1, method: "eth_chainId", params: [] }, { jsonrpc: "2.0", id: 2, method: "eth_blockNumber", params: [] }])).status).toBe(503);
+  });
+
   it("healed: the same bad payment gets its verdict", async () => {
     const r = await postJson(`${facilitator.url}/verify`, serviceShape(spec(), await signEip3009({ ...spec(), signature: badSignature as `0x${string}` })));
     expect(r.status).toBe(200);

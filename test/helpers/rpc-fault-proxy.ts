@@ -77,23 +77,24 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
     for (const m of methods) (injectedByMethod[m] ??= {})[kind] = (injectedByMethod[m]![kind] ?? 0) + 1;
   };
 
-  /** The fault for this request, if any. Methods are the calls of the request (one, or a batch's). */
-  function decide(methods: string[]): FaultKind | undefined {
+  /** The fault for this request, if any, and which of its calls it hits (one call, or a batch's). */
+  function decide(methods: string[]): { kind: FaultKind; hits: (method: string) => boolean } | undefined {
     for (const m of methods) {
       const schedule = plan.schedule?.[m];
       if (!schedule?.length) continue;
       const n = scheduled[m] ?? 0;
       scheduled[m] = n + 1;
       const step = schedule[n % schedule.length]!;
-      if (step !== "ok") return step;
+      if (step !== "ok") return { kind: step, hits: (method) => method === m };
     }
     if (!plan.rate) return undefined;
-    if (plan.methods && !methods.some((m) => plan.methods!.includes(m))) return undefined;
+    const eligible = (method: string) => !plan.methods || plan.methods.includes(method);
+    if (!methods.some(eligible)) return undefined;
     // Two draws per eligible request whatever the outcome, so one seed gives one sequence.
     const hit = random() < plan.rate;
     const kinds = plan.kinds ?? FAULT_KINDS;
     const kind = kinds[Math.floor(random() * kinds.length)]!;
-    return hit ? kind : undefined;
+    return hit ? { kind, hits: eligible } : undefined;
   }
 
   async function forward(body: string): Promise<{ status: number; text: string }> {
@@ -130,9 +131,10 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
     const list: RpcCall[] = parsed === undefined ? [] : Array.isArray(parsed) ? parsed : [parsed];
     const methods = list.map((c) => String(c.method ?? "unknown"));
     for (const m of methods) calls[m] = (calls[m] ?? 0) + 1;
-    const fault = decide(methods);
-    const faulted = (c: RpcCall) => !plan.methods || plan.methods.includes(String(c.method)) || Boolean(plan.schedule?.[String(c.method)]);
-    if (fault) count(fault, batch && fault === "rpc_error" ? methods.filter((_, i) => faulted(list[i]!)) : methods);
+    const decision = decide(methods);
+    const fault = decision?.kind;
+    const faulted = (c: RpcCall) => decision?.hits(String(c.method ?? "unknown")) ?? false;
+    if (fault) count(fault, batch && fault === "rpc_error" ? methods.filter((m) => decision!.hits(m)) : methods);
     switch (fault) {
       case "http_429":
         return send(res, 429, JSON.stringify({ error: "too many requests" }));
