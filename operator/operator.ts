@@ -234,7 +234,8 @@ export async function startOperator(opts: OperatorOptions): Promise<RunningOpera
     if (state === "ended") return;
     state = "ended";
     logger.error("leadership lost; stopping");
-    await shutDownControllers(false);
+    // A failed shutdown must still end the term (the process exits and restarts as a candidate).
+    await shutDownControllers(false).catch((e) => logger.error({ reason: (e as Error).message }, "controllers did not shut down cleanly"));
     resolveEnded("leadership-lost");
   });
 

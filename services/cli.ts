@@ -90,6 +90,9 @@ export async function main(argv: string[]): Promise<void> {
   });
   const port = values.port ?? process.env.PORT;
   if (command && ["devnet", "facilitator", "router", "hub", "operator", "wallets"].includes(command)) {
+    // Before anything starts: a stray rejection must be counted and logged, never exit the process.
+    const { installProcessGuard } = await import("./platform/process-guard.ts");
+    installProcessGuard(createLogger(command));
     const { startTracing } = await import("./platform/tracing.ts");
     await startTracing(`x402-fleet-${command}`);
   }

@@ -1,6 +1,7 @@
 // Every row of the service contract's error table, against the real router and facilitators.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { mkdtemp, writeFile } from "node:fs/promises";
+import { createServer } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pino } from "pino";
@@ -173,6 +174,29 @@ describe("service contract: request-level errors are 400 with one error field", 
       expectErrorBody(r.json, "backend_unavailable");
     } finally {
       await router.close();
+    }
+  });
+
+  it("a facilitator whose answer breaks off mid-body is 503, not 500", async () => {
+    // A facilitator that dies while answering: JSON headers, half a body, then the connection is gone.
+    const dying = createServer((_req, res) => {
+      res.writeHead(200, { "content-type": "application/json", "content-length": "64" });
+      res.write('{"isValid":tr');
+      setImmediate(() => res.socket?.destroy());
+    });
+    await new Promise<void>((resolve) => dying.listen(0, "127.0.0.1", resolve));
+    const dir = await mkdtemp(join(tmpdir(), "x402-router-"));
+    const table = join(dir, "routing.json");
+    const url = `http://127.0.0.1:${(dying.address() as { port: number }).port}/v2`;
+    await writeFile(table, JSON.stringify({ backends: [{ network: "eip155:8453", url, kinds: [{ x402Version: 2, scheme: "exact", network: "eip155:8453" }] }] }));
+    const router = await startRouterService({ routingTablePath: table, host: "127.0.0.1", port: 0 }, pino({ level: "silent" }));
+    try {
+      const r = await postJson(`${router.url}/verify`, await validBody());
+      expect(r.status).toBe(503);
+      expectErrorBody(r.json, "backend_unavailable");
+    } finally {
+      await router.close();
+      dying.close();
     }
   });
 });

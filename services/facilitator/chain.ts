@@ -1,9 +1,10 @@
 // The chain client of one facilitator: viem over one or more RPC endpoints with fallback,
 // short timeouts, a metric and a span for every RPC round trip, and a chain-id check before
 // anything is served. Endpoints are named by host only: provider URLs often embed API keys.
+import { AsyncLocalStorage } from "node:async_hooks";
 import { SpanKind } from "@opentelemetry/api";
 import { Pool } from "undici";
-import { createPublicClient, defineChain, fallback, http, type Chain, type PublicClient } from "viem";
+import { createPublicClient, defineChain, fallback, http, type Chain, type PublicClient, type Transport } from "viem";
 import { endpointName } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
 import { withSpan } from "../platform/tracing.ts";
@@ -86,6 +87,58 @@ function instrumentedFetch(network: string, endpoint: string, fetch: typeof glob
   };
 }
 
+/**
+ * True when an error says "the provider did not give an answer": an HTTP error status, a dropped
+ * or refused connection, an unparsable body, a timeout, a rate limit (-32005, 429, -32007) or an
+ * internal error of the provider (-32603, -32002). Not an answer about the chain (a revert, a
+ * transaction the node rejects with its own code). A transaction sent with this outcome may or may
+ * not be on its way: it is sent again, its nonce never filled. Walks the cause chain.
+ */
+export function isRpcUnavailable(e: unknown): boolean {
+  for (let err = e as { name?: string; code?: unknown; cause?: unknown } | undefined, depth = 0; err && depth < 10; err = err.cause as typeof err, depth++) {
+    if (err.name === "HttpRequestError" || err.name === "TimeoutError") return true;
+    if (typeof err.code === "number" && [-32005, 429, -32007, -32603, -32002].includes(err.code)) return true;
+  }
+  return false;
+}
+
+// A request's RPC watch: mechanisms swallow many RPC errors into payment-level reasons (a failed
+// simulation reads as "simulation failed"), so the transport notes, in the context of the request
+// that made the call, that the provider failed after the transport's own retry.
+const watches = new AsyncLocalStorage<{ failed: boolean }>();
+
+/** Notes a failure in the current request's watch: for a shared promise (a cache) whose call another request made. */
+export function noteRpcFailure(e: unknown): void {
+  const watch = watches.getStore();
+  if (watch && isRpcUnavailable(e)) watch.failed = true;
+}
+
+/** Runs fn: its value or its error, and whether any RPC call it made failed for want of an answer. */
+export async function watchRpc<T>(fn: () => Promise<T>): Promise<{ failed: boolean; value?: T; error?: unknown }> {
+  const watch = { failed: false };
+  try {
+    const value = await watches.run(watch, fn);
+    return { failed: watch.failed, value };
+  } catch (error) {
+    return { failed: watch.failed || isRpcUnavailable(error), error };
+  }
+}
+
+function watched(transport: Transport): Transport {
+  return (params) => {
+    const t = transport(params);
+    const request: typeof t.request = async (args, options) => {
+      try {
+        return await t.request(args, options);
+      } catch (e) {
+        noteRpcFailure(e);
+        throw e;
+      }
+    };
+    return { ...t, request };
+  };
+}
+
 export function createChainClient(opts: ChainClientOptions): ChainClient {
   if (opts.rpcUrls.length === 0) throw new Error("at least one RPC URL is required");
   const network = `eip155:${opts.chainId}`;
@@ -100,7 +153,7 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
   );
   const client = createPublicClient({
     chain,
-    transport: transports.length === 1 ? transports[0]! : fallback(transports, { rank: false }),
+    transport: watched(transports.length === 1 ? transports[0]! : fallback(transports, { rank: false })),
     pollingInterval: opts.pollingIntervalMs ?? 250,
   }) as PublicClient;
   return { chain, client, endpoints: opts.rpcUrls.map(endpointName) };

@@ -18,6 +18,8 @@ export interface FacilitatorConfig {
   host: string;
   port: number;
   receiptTimeoutMs: number;
+  /** Bound of one RPC round trip (the transport retries once after it). */
+  rpcTimeoutMs: number;
   assets: AssetInfo[];
   bodyLimit: number;
   adminPort: number;
@@ -91,6 +93,7 @@ const fileSchema = z
     receiptPollMaxMs: z.number().int().positive(),
     receiptPollBudget: z.number().int().min(1),
     receiptTimeoutMs: z.number().int().positive(),
+    rpcTimeoutMs: z.number().int().positive(),
     bodyLimit: z.number().int().positive(),
     assets: z.array(
       z.object({
@@ -152,6 +155,7 @@ export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorCon
     receiptPollMaxMs: num(env.X402_RECEIPT_POLL_MAX_MS),
     receiptPollBudget: num(env.X402_RECEIPT_POLL_BUDGET),
     receiptTimeoutMs: env.X402_RECEIPT_TIMEOUT_MS ? Number(env.X402_RECEIPT_TIMEOUT_MS) : undefined,
+    rpcTimeoutMs: env.X402_RPC_TIMEOUT_MS ? Number(env.X402_RPC_TIMEOUT_MS) : undefined,
   };
 }
 
@@ -195,6 +199,7 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
     host: c.host ?? "127.0.0.1",
     port: c.port ?? 4021,
     receiptTimeoutMs: c.receiptTimeoutMs ?? 15_000,
+    rpcTimeoutMs: c.rpcTimeoutMs ?? 10_000,
     bodyLimit: c.bodyLimit ?? 64 * 1024,
     adminPort: c.adminPort ?? (c.port === 0 ? 0 : 9421), // an ephemeral public port implies an ephemeral admin port
     minSignerBalanceWei: c.minSignerBalanceWei !== undefined ? BigInt(c.minSignerBalanceWei) : undefined,

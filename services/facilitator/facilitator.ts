@@ -12,10 +12,11 @@ import { extensionsFor } from "../x402/extensions.ts";
 import { checkSchemePayload } from "../x402/payloads.ts";
 import { normalizeRequest, pairKey, type Scheme } from "../x402/wire.ts";
 import type { CallerHeaders } from "../platform/http.ts";
-import type { Logger } from "../platform/logger.ts";
+import { conciseMessage, type Logger } from "../platform/logger.ts";
 import { reasonLabel, type Metrics } from "../platform/metrics.ts";
 import { withSpan } from "../platform/tracing.ts";
-import type { ChainClient } from "./chain.ts";
+import { watchRpc, type ChainClient } from "./chain.ts";
+import { servingAssetCode, withAssetCode } from "./asset-code.ts";
 import { createFastExactVerifier } from "./fast-exact.ts";
 import { authenticateReceivers, receiversNeedingAuthorizer, type ReceiverCredentials } from "./receiver-auth.ts";
 import type { SettleJob, SettlementCoordinator } from "./settlement/coordinator.ts";
@@ -51,19 +52,20 @@ export interface Facilitator {
 
 export function createFacilitator(opts: FacilitatorOptions): Facilitator {
   const core = new x402Facilitator();
-  const upto = asCaller(opts.signer, opts.uptoFacilitatorAddress);
+  const signer = servingAssetCode(opts.signer);
+  const upto = asCaller(signer, opts.uptoFacilitatorAddress);
   for (const scheme of opts.schemes) {
     // Each mechanism is registered for exactly this network: no eip155:* wildcard.
-    if (scheme === "exact") core.register(opts.network, new ExactEvmScheme(opts.signer));
+    if (scheme === "exact") core.register(opts.network, new ExactEvmScheme(signer));
     if (scheme === "upto") core.register(opts.network, new UptoEvmScheme(upto));
     if (scheme === "batch-settlement") {
       const authorizer = opts.receiverAuthorizer && { address: opts.receiverAuthorizer.address, signTypedData: (p: Parameters<PrivateKeyAccount["signTypedData"]>[0]) => opts.receiverAuthorizer!.signTypedData(p) };
-      core.register(opts.network, new BatchSettlementEvmScheme(asCaller(opts.signer, opts.uptoFacilitatorAddress), authorizer as never));
+      core.register(opts.network, new BatchSettlementEvmScheme(asCaller(signer, opts.uptoFacilitatorAddress), authorizer as never));
     }
   }
   // EIP-2612 gas sponsoring rides in payload extensions and is handled by the exact Permit2 mechanism.
   const supported = { ...(core.getSupported() as SupportedResponse), extensions: extensionsFor(opts.schemes) };
-  const fastExact = createFastExactVerifier({ chain: opts.chain, signer: opts.signer });
+  const fastExact = createFastExactVerifier({ chain: opts.chain, signer });
   const pairs = supported.kinds.map((k) => pairKey(k.scheme, k.network));
   const domainByAsset = new Map(opts.assets.filter((a) => a.eip712).map((a) => [getAddress(a.address), a.eip712!]));
   // Gas is spent only on tokens we know: an attacker's own token could burn any amount in its transfer.
@@ -105,21 +107,27 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       const end = opts.metrics.verifyDuration.startTimer(labels);
       const response = await withSpan("facilitator.verify", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: VerifyResponse;
-        try {
-          const worthless = worthlessReason(payload, requirements, "verify");
-          const fast = worthless || requirements.scheme !== "exact" ? undefined : await fastExact.verify(payload, requirements);
-          r = worthless
-            ? { isValid: false, invalidReason: "invalid_payment_requirements", invalidMessage: worthless, payer: payerOf(payload) }
-            : scrub(fast ?? (await core.verify(payload, requirements)));
-        } catch (e) {
-          opts.logger.warn({ err: errorSummary(e), scheme: requirements.scheme }, "verify failed unexpectedly");
-          r = { isValid: false, invalidReason: "unexpected_verify_error", invalidMessage: conciseMessage(e) };
+        const worthless = worthlessReason(payload, requirements, "verify");
+        const { failed, value, error } = worthless
+          ? { failed: false, value: { isValid: false, invalidReason: "invalid_payment_requirements", invalidMessage: worthless, payer: payerOf(payload) } as VerifyResponse, error: undefined }
+          : await watchRpc(() =>
+              withAssetCode(opts.signer, requirements, async () => {
+                const fast = requirements.scheme === "exact" ? await fastExact.verify(payload, requirements) : undefined;
+                return scrub(fast ?? (await core.verify(payload, requirements)));
+              }),
+            );
+        if (value && (value.isValid || !failed)) r = value;
+        else if (failed) r = { isValid: false, invalidReason: RPC_UNAVAILABLE }; // no verdict: answered 503 below
+        else {
+          opts.logger.warn({ err: errorSummary(error), scheme: requirements.scheme }, "verify failed unexpectedly");
+          r = { isValid: false, invalidReason: "unexpected_verify_error", invalidMessage: conciseMessage(error) };
         }
         span.setAttributes({ "x402.valid": r.isValid, "x402.reason": reasonLabel(r.invalidReason) });
         return r;
       });
       end();
       opts.metrics.verifyTotal.inc({ ...labels, result: response.isValid ? "valid" : "invalid", reason: reasonLabel(response.invalidReason) });
+      if (response.invalidReason === RPC_UNAVAILABLE) throw rpcUnavailable(opts);
       return response;
     },
 
@@ -132,14 +140,25 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       const end = opts.metrics.settleDuration.startTimer(labels);
       const response = await withSpan("facilitator.settle", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: SettleResponse;
-        try {
-          const worthless = worthlessReason(payload, requirements, "settle");
-          r = worthless
-            ? { success: false, errorReason: "invalid_payment_requirements", errorMessage: worthless, transaction: "", network: requirements.network, ...(payerOf(payload) ? { payer: payerOf(payload) } : {}) }
-            : scrub(await opts.coordinator.settle({ ...settleJobOf(payload, requirements), run: () => withDecodedReverts(() => core.settle(payload, requirements)) }));
-        } catch (e) {
-          opts.logger.warn({ err: errorSummary(e), scheme: requirements.scheme }, "settle failed unexpectedly");
-          r = { success: false, errorReason: "unexpected_settle_error", errorMessage: conciseMessage(e), transaction: "", network: requirements.network };
+        const worthless = worthlessReason(payload, requirements, "settle");
+        const { failed, value, error } = worthless
+          ? {
+              failed: false,
+              value: { success: false, errorReason: "invalid_payment_requirements", errorMessage: worthless, transaction: "", network: requirements.network, ...(payerOf(payload) ? { payer: payerOf(payload) } : {}) } as SettleResponse,
+              error: undefined,
+            }
+          : await watchRpc(() =>
+              opts.coordinator.settle({
+                ...settleJobOf(payload, requirements),
+                run: () => withAssetCode(opts.signer, requirements, () => withDecodedReverts(() => core.settle(payload, requirements))),
+              }),
+            );
+        // Only a refusal with nothing sent becomes a 503: a payment with a transaction is answered by its outcome or settlement_pending.
+        if (value && !(failed && !value.success && value.errorReason !== "settlement_pending" && !value.transaction)) r = scrub(value);
+        else if (failed) r = { success: false, errorReason: RPC_UNAVAILABLE, transaction: "", network: requirements.network };
+        else {
+          opts.logger.warn({ err: errorSummary(error), scheme: requirements.scheme }, "settle failed unexpectedly");
+          r = { success: false, errorReason: "unexpected_settle_error", errorMessage: conciseMessage(error), transaction: "", network: requirements.network };
         }
         span.setAttributes({ "x402.success": r.success, "x402.reason": reasonLabel(r.errorReason), "x402.transaction": r.transaction });
         return r;
@@ -147,10 +166,20 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       end();
       const result = response.success ? "success" : response.errorReason === "settlement_pending" ? "pending" : "failure";
       opts.metrics.settleTotal.inc({ ...labels, result, reason: reasonLabel(response.errorReason) });
+      if (response.errorReason === RPC_UNAVAILABLE) throw rpcUnavailable(opts);
       return response;
     },
   };
 }
+
+/**
+ * The chain's RPC gave no answer while a payment was judged, and nothing was sent: not a verdict
+ * on the payment, so the contract's 503 (retry later), as for an unreachable facilitator. Metrics
+ * count it under this reason.
+ */
+const RPC_UNAVAILABLE = "rpc_unavailable";
+const rpcUnavailable = (opts: FacilitatorOptions) =>
+  new RequestError("backend_unavailable", `the RPC of ${opts.network} (${opts.chain.endpoints.join(", ")}) did not answer; retry later`);
 
 /**
  * The signer as one key: `upto` advertises getAddresses()[0] as the facilitator address (the
@@ -250,10 +279,4 @@ function scrub<T extends { invalidMessage?: string; errorMessage?: string }>(r: 
 /** What of an error may be logged: its type and first line, URLs removed. */
 function errorSummary(e: unknown): { type: string; message: string } {
   return { type: (e as Error)?.name ?? "Error", message: conciseMessage(e) };
-}
-
-/** First line of an error, without URLs (an RPC URL may embed an API key). */
-export function conciseMessage(e: unknown): string {
-  const first = String((e as Error)?.message ?? e).split("\n")[0] ?? "";
-  return first.replace(/https?:\/\/\S+/g, "<rpc>").slice(0, 300);
 }

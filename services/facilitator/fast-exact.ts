@@ -91,11 +91,13 @@ export function createFastExactVerifier(opts: { chain: ChainClient; signer: Outb
     if (payload.accepted.network !== requirements.network) return { isValid: false, invalidReason: R.network, payer };
     const asset = getAddress(requirements.asset);
     const assetCheck = startAssetContractCheck(signer, requirements.network, requirements.asset);
-    const code = await signer.getCode({ address: payer }).catch(() => undefined);
-    if (code && code !== "0x") {
-      await assetCheck.await().catch(() => undefined);
-      return undefined; // a contract account: ERC-1271 through the reference
-    }
+    // Overlapped with the checks below, most of which return early: a handler now, so an RPC
+    // failure never becomes an unhandled rejection; the verdict reads it through await().
+    assetCheck.results.catch(() => undefined);
+    // Unknown account code is not "no code": a contract wallet would read as a bad signature. The
+    // error goes to the caller (as in the reference), which answers that the RPC is unavailable.
+    const code = await signer.getCode({ address: payer });
+    if (code && code !== "0x") return undefined; // a contract account: ERC-1271 through the reference
     let digest: Hex;
     try {
       const message = { from: auth.from, to: auth.to, value: BigInt(auth.value), validAfter: BigInt(auth.validAfter), validBefore: BigInt(auth.validBefore), nonce: auth.nonce };

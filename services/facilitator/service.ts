@@ -42,7 +42,7 @@ const CRASH_POINTS = new Set(["after_store", "after_broadcast"]);
 export async function startFacilitatorService(config: FacilitatorConfig, logger: Logger = createLogger("facilitator"), deps: FacilitatorDeps = {}): Promise<RunningFacilitator> {
   const log = logger.child({ network: config.network });
   const metrics = createMetrics("facilitator");
-  const chain = createChainClient({ chainId: chainIdOf(config.network), rpcUrls: config.rpcUrls, metrics });
+  const chain = createChainClient({ chainId: chainIdOf(config.network), rpcUrls: config.rpcUrls, metrics, rpcTimeoutMs: config.rpcTimeoutMs });
   await assertChainId(chain);
 
   const db = deps.db ?? (await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir }));

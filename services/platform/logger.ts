@@ -31,3 +31,9 @@ export function endpointName(url: string): string {
     return "invalid-url";
   }
 }
+
+/** First line of an error, without URLs (an RPC URL may embed an API key): safe for logs and answers. */
+export function conciseMessage(e: unknown): string {
+  const first = String((e as Error)?.message ?? e).split("\n")[0] ?? "";
+  return first.replace(/https?:\/\/\S+/g, "<rpc>").slice(0, 300);
+}

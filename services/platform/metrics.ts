@@ -3,6 +3,7 @@
 // host, payer addresses never appear. Each service owns a Registry (several share one process on
 // the devnet), so series are created per registry, not as module singletons.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
+import { unhandledErrorCounts } from "./process-guard.ts";
 
 const LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
 
@@ -36,6 +37,17 @@ export function createMetrics(service: string) {
     operatorNetworks: new Gauge({ name: "x402_operator_networks", help: "FacilitatorNetworks by condition and status", labelNames: ["condition", "status"], ...r }),
     walletPayments: new Counter({ name: "x402_wallet_payments_total", help: "Wallet service payments by outcome (signed, refused) and refusal code", labelNames: ["network", "scheme", "result", "reason"], ...r }),
     walletDataKeys: new Gauge({ name: "x402_wallet_data_keys", help: "Wallet data keys by the master key that wraps them", labelNames: ["master_key"], ...r }),
+    // Read from the process guard at scrape time: the count is per process, every service shows it.
+    unhandledErrors: new Counter({
+      name: "x402_unhandled_errors_total",
+      help: "Unhandled promise rejections and uncaught exceptions caught by the process guard",
+      labelNames: ["kind"],
+      ...r,
+      collect() {
+        this.reset();
+        for (const [kind, n] of Object.entries(unhandledErrorCounts())) this.inc({ kind }, n);
+      },
+    }),
   };
 }
 

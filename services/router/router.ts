@@ -83,12 +83,7 @@ export function createRouter(opts: RouterOptions): Router {
         bodyTimeout: timeout,
       });
     } catch (e) {
-      const code = (e as { code?: string }).code;
-      opts.logger.warn({ network, code }, "facilitator backend request failed");
-      if (code === "UND_ERR_HEADERS_TIMEOUT" || code === "UND_ERR_BODY_TIMEOUT") {
-        throw new RequestError("backend_timeout", `the facilitator for ${network} did not answer within ${timeout} ms`);
-      }
-      throw new RequestError("backend_unavailable", `the facilitator for ${network} cannot be reached (${code ?? "connection failed"})`);
+      throw unreachable(e, network, timeout);
     }
     const type = String(res.headers["content-type"] ?? "");
     if (!type.includes("application/json")) {
@@ -97,7 +92,21 @@ export function createRouter(opts: RouterOptions): Router {
       throw new RequestError("backend_unavailable", `the facilitator for ${network} answered HTTP ${res.statusCode} without a JSON body`);
     }
     // Our facilitator's JSON goes back byte for byte: no parse and re-serialise on the hot path.
-    return { status: res.statusCode, body: await res.body.text() };
+    try {
+      return { status: res.statusCode, body: await res.body.text() };
+    } catch (e) {
+      // The answer broke off (the facilitator died or stalled mid-body): the same as no answer, never a 500.
+      throw unreachable(e, network, timeout);
+    }
+  }
+
+  function unreachable(e: unknown, network: string, timeout: number): RequestError {
+    const code = (e as { code?: string }).code;
+    opts.logger.warn({ network, code }, "facilitator backend request failed");
+    if (code === "UND_ERR_HEADERS_TIMEOUT" || code === "UND_ERR_BODY_TIMEOUT") {
+      return new RequestError("backend_timeout", `the facilitator for ${network} did not answer within ${timeout} ms`);
+    }
+    return new RequestError("backend_unavailable", `the facilitator for ${network} cannot be reached (${code ?? "connection failed"})`);
   }
 
   async function probeBackends() {

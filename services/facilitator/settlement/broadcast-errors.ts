@@ -3,6 +3,7 @@
 // already maps the common texts to typed errors (getNodeError), and the table covers the rest.
 import { FeeCapTooLowError, InsufficientFundsError, IntrinsicGasTooHighError, IntrinsicGasTooLowError, NonceTooHighError, NonceTooLowError, TipAboveFeeCapError, type BaseError } from "viem";
 import { getNodeError } from "viem/utils";
+import { isRpcUnavailable } from "../chain.ts";
 
 export type BroadcastOutcome =
   /** The node has it already: as good as sent. */
@@ -91,7 +92,9 @@ export function classifyBroadcastError(e: unknown): BroadcastOutcome {
   for (const rule of RULES) {
     if (hasType(e, rule.types) || hasType(derived, rule.types) || rule.pattern.test(text)) return rule.outcome;
   }
-  return "rejected";
+  // No answer about the transaction (a timeout, a rate limit, a provider's internal error): it may
+  // be on its way, so it is sent again, and its nonce is never filled.
+  return isRpcUnavailable(e) ? "unreachable" : "rejected";
 }
 
 /** A short, URL-free line for logs and the outbox row. */

@@ -18,7 +18,7 @@ import {
 import type { FacilitatorEvmSigner } from "@x402/evm";
 import type { Logger } from "../../platform/logger.ts";
 import type { Metrics } from "../../platform/metrics.ts";
-import type { ChainClient } from "../chain.ts";
+import { noteRpcFailure, type ChainClient } from "../chain.ts";
 import { broadcastErrorLine, classifyBroadcastError, type BroadcastOutcome } from "./broadcast-errors.ts";
 import { settlementContext } from "./context.ts";
 import { DEFAULT_BASE_FEE_MULTIPLIER, GasCeilingExceededError, createGasPolicy, transactionKind, type Fees, type GasPolicy, type TransactionKind } from "./gas-policy.ts";
@@ -143,7 +143,11 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       feeCache = { at: Date.now(), value };
       value.catch(() => (feeCache = undefined));
     }
-    return feeCache.value;
+    // Shared by concurrent settlements: a failure counts against each of them (see chain.ts watchRpc).
+    return feeCache.value.catch((e: unknown) => {
+      noteRpcFailure(e);
+      throw e;
+    });
   }
 
   async function sign(account: PrivateKeyAccount, tx: { to: Hex; data: Hex; gas: bigint; nonce: bigint; maxFeePerGas: bigint; maxPriorityFeePerGas: bigint }) {

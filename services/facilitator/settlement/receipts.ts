@@ -14,8 +14,9 @@ export async function findMined(chain: ChainClient, hashes: readonly Hex[], conf
   const mined = receipts.find((r) => r !== undefined);
   if (!mined) return undefined;
   if (confirmations > 1) {
-    const head = await chain.client.getBlockNumber({ cacheTime: 0 });
-    if (head - mined.receipt.blockNumber + 1n < BigInt(confirmations)) return undefined;
+    // An RPC failure here means "not known yet", like a failed receipt lookup above: callers poll.
+    const head = await chain.client.getBlockNumber({ cacheTime: 0 }).catch(() => undefined);
+    if (head === undefined || head - mined.receipt.blockNumber + 1n < BigInt(confirmations)) return undefined;
   }
   return mined;
 }

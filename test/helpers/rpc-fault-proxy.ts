@@ -1,0 +1,223 @@
+// A JSON-RPC HTTP proxy in front of a real node that injects the faults providers produce: 429
+// (with and without Retry-After), 500/502/503, timeouts, malformed and truncated bodies, JSON-RPC
+// error objects and connections dropped mid-response. Faults are drawn from a seeded PRNG (the
+// seed is printed; RPC_FAULT_SEED replays the same draws for the same order of requests) or
+// follow a per-method schedule. JSON-RPC batches are faulted as one HTTP request, except error
+// objects, which replace the answers of the batch's eligible calls.
+//
+// Where the fault sits matters for transactions: 429, 5xx and error objects refuse the request
+// before the node sees it (a rate limiter, a gateway); timeouts, bad bodies and dropped
+// connections lose the answer of a request the node has already executed.
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import type { Socket } from "node:net";
+
+export const FAULT_KINDS = ["http_429", "http_429_retry_after", "http_500", "http_502", "http_503", "timeout", "malformed_json", "truncated", "rpc_error", "drop"] as const;
+export type FaultKind = (typeof FAULT_KINDS)[number];
+
+export interface FaultPlan {
+  /** Probability (0..1) that an eligible request is faulted. */
+  rate?: number;
+  /** Kinds drawn from, uniformly (default: every kind). */
+  kinds?: readonly FaultKind[];
+  /** Only requests calling one of these methods are eligible (default: every method). */
+  methods?: readonly string[];
+  /** Per method: the fault of its n-th call (cycled); "ok" leaves that call to the rate. */
+  schedule?: Record<string, readonly (FaultKind | "ok")[]>;
+}
+
+export interface RpcFaultProxy {
+  url: string;
+  seed: number;
+  /** Replaces the plan; `configure({})` heals the endpoint. */
+  configure(plan: FaultPlan): void;
+  /** Faults injected, by kind and by kind per method. */
+  injected: Record<FaultKind, number>;
+  injectedByMethod: Record<string, Partial<Record<FaultKind, number>>>;
+  /** Calls seen per JSON-RPC method (batch elements counted one by one). */
+  calls: Record<string, number>;
+  /** Resolves once no request has been in flight for `quietMs` (faults that lag a request settle by then). */
+  idle(quietMs: number): Promise<void>;
+  close(): Promise<void>;
+}
+
+/** mulberry32: small, fast, and the same sequence for the same seed on every platform. */
+function prng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+interface RpcCall {
+  jsonrpc?: string;
+  id?: unknown;
+  method?: string;
+}
+
+export async function startRpcFaultProxy(opts: { upstream: string; seed?: number; plan?: FaultPlan; /** How long a `timeout` holds a request: longer than the client's timeout. */ holdMs?: number }): Promise<RpcFaultProxy> {
+  const seed = opts.seed ?? (process.env.RPC_FAULT_SEED ? Number(process.env.RPC_FAULT_SEED) : Math.floor(Math.random() * 2 ** 31));
+  const random = prng(seed);
+  let plan: FaultPlan = opts.plan ?? {};
+  const holdMs = opts.holdMs ?? 5000;
+  const injected = Object.fromEntries(FAULT_KINDS.map((k) => [k, 0])) as Record<FaultKind, number>;
+  const injectedByMethod: Record<string, Partial<Record<FaultKind, number>>> = {};
+  const calls: Record<string, number> = {};
+  const scheduled: Record<string, number> = {};
+  const sockets = new Set<Socket>();
+  const timers = new Set<NodeJS.Timeout>();
+  let inFlight = 0;
+  let lastActivity = Date.now();
+
+  const count = (kind: FaultKind, methods: string[]) => {
+    injected[kind]++;
+    for (const m of methods) (injectedByMethod[m] ??= {})[kind] = (injectedByMethod[m]![kind] ?? 0) + 1;
+  };
+
+  /** The fault for this request, if any, and which of its calls it hits (one call, or a batch's). */
+  function decide(methods: string[]): { kind: FaultKind; hits: (method: string) => boolean } | undefined {
+    for (const m of methods) {
+      const schedule = plan.schedule?.[m];
+      if (!schedule?.length) continue;
+      const n = scheduled[m] ?? 0;
+      scheduled[m] = n + 1;
+      const step = schedule[n % schedule.length]!;
+      if (step !== "ok") return { kind: step, hits: (method) => method === m };
+    }
+    if (!plan.rate) return undefined;
+    const eligible = (method: string) => !plan.methods || plan.methods.includes(method);
+    if (!methods.some(eligible)) return undefined;
+    // Two draws per eligible request whatever the outcome, so one seed gives one sequence.
+    const hit = random() < plan.rate;
+    const kinds = plan.kinds ?? FAULT_KINDS;
+    const kind = kinds[Math.floor(random() * kinds.length)]!;
+    return hit ? { kind, hits: eligible } : undefined;
+  }
+
+  async function forward(body: string): Promise<{ status: number; text: string }> {
+    const res = await fetch(opts.upstream, { method: "POST", headers: { "content-type": "application/json" }, body });
+    return { status: res.status, text: await res.text() };
+  }
+
+  const send = (res: ServerResponse, status: number, body: string, headers: Record<string, string> = {}) => {
+    res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(body), ...headers });
+    res.end(body);
+  };
+
+  function rpcErrors(calls: RpcCall[], batch: boolean, eligible: (c: RpcCall) => boolean, upstream?: string): string {
+    const codes = [
+      { code: -32005, message: "limit exceeded" },
+      { code: -32603, message: "internal error" },
+    ];
+    const answers = upstream ? (JSON.parse(upstream) as unknown[] | Record<string, unknown>) : undefined;
+    const out = calls.map((c) => {
+      if (!eligible(c)) return (Array.isArray(answers) ? answers.find((a) => (a as RpcCall).id === c.id) : answers) ?? { jsonrpc: "2.0", id: c.id ?? null, result: null };
+      return { jsonrpc: "2.0", id: c.id ?? null, error: codes[Math.floor(random() * codes.length)]! };
+    });
+    return JSON.stringify(batch ? out : out[0]);
+  }
+
+  async function handle(req: IncomingMessage, res: ServerResponse, body: string) {
+    let parsed: RpcCall | RpcCall[] | undefined;
+    try {
+      parsed = JSON.parse(body) as RpcCall | RpcCall[];
+    } catch {
+      parsed = undefined;
+    }
+    const batch = Array.isArray(parsed);
+    const list: RpcCall[] = parsed === undefined ? [] : Array.isArray(parsed) ? parsed : [parsed];
+    const methods = list.map((c) => String(c.method ?? "unknown"));
+    for (const m of methods) calls[m] = (calls[m] ?? 0) + 1;
+    const decision = decide(methods);
+    const fault = decision?.kind;
+    const faulted = (c: RpcCall) => decision?.hits(String(c.method ?? "unknown")) ?? false;
+    if (fault) count(fault, batch && fault === "rpc_error" ? methods.filter((m) => decision!.hits(m)) : methods);
+    switch (fault) {
+      case "http_429":
+        return send(res, 429, JSON.stringify({ error: "too many requests" }));
+      case "http_429_retry_after":
+        return send(res, 429, JSON.stringify({ error: "too many requests" }), { "retry-after": "1" });
+      case "http_500":
+      case "http_502":
+      case "http_503":
+        return send(res, Number(fault.slice(5)), "<html><body>upstream error</body></html>", { "content-type": "text/html" });
+      case "rpc_error":
+        // A batch with only some eligible calls: the others are answered by the node.
+        return send(res, 200, rpcErrors(list, batch, batch ? faulted : () => true, batch && list.some((c) => !faulted(c)) ? (await forward(body)).text : undefined));
+    }
+    const upstream = await forward(body);
+    switch (fault) {
+      case undefined:
+        return send(res, upstream.status, upstream.text);
+      case "malformed_json":
+        return send(res, 200, `<!doctype html>${upstream.text.slice(0, 20)}`);
+      case "truncated": {
+        const cut = upstream.text.slice(0, Math.max(1, Math.floor(upstream.text.length / 2)));
+        return send(res, 200, cut);
+      }
+      case "drop": {
+        // Headers promise the whole body; half of it goes out, then the connection dies.
+        res.writeHead(200, { "content-type": "application/json", "content-length": Buffer.byteLength(upstream.text) });
+        res.write(upstream.text.slice(0, Math.floor(upstream.text.length / 2)));
+        return void setImmediate(() => req.socket.destroy());
+      }
+      case "timeout": {
+        // The node executed it; the answer never comes (the client gives up first).
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(resolve, holdMs);
+          timers.add(timer);
+          req.socket.once("close", () => {
+            clearTimeout(timer);
+            resolve();
+          });
+        });
+        return void req.socket.destroy();
+      }
+    }
+  }
+
+  const server: Server = createServer((req, res) => {
+    inFlight++;
+    lastActivity = Date.now();
+    const chunks: Buffer[] = [];
+    req.on("data", (c: Buffer) => chunks.push(c));
+    req.on("end", () => {
+      handle(req, res, Buffer.concat(chunks).toString("utf8"))
+        .catch(() => req.socket.destroy())
+        .finally(() => {
+          inFlight--;
+          lastActivity = Date.now();
+        });
+    });
+  });
+  server.on("connection", (s) => {
+    sockets.add(s);
+    s.on("close", () => sockets.delete(s));
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const port = (server.address() as { port: number }).port;
+
+  return {
+    url: `http://127.0.0.1:${port}`,
+    seed,
+    configure: (next) => {
+      plan = next;
+      for (const k of Object.keys(scheduled)) delete scheduled[k];
+    },
+    injected,
+    injectedByMethod,
+    calls,
+    async idle(quietMs) {
+      while (inFlight > 0 || Date.now() - lastActivity < quietMs) await new Promise((r) => setTimeout(r, 25));
+    },
+    close: () =>
+      new Promise<void>((resolve) => {
+        for (const t of timers) clearTimeout(t);
+        for (const s of sockets) s.destroy();
+        server.close(() => resolve());
+      }),
+  };
+}
