@@ -150,6 +150,17 @@ describe("a hostile resource server", () => {
       expect(r.status).toBe(400);
       expect(r.json.error).toMatch(/^unsupported_asset: /);
     }
+    // The same token named inside a batch-settlement payload, under accepted requirements.
+    const requirements = { scheme: "batch-settlement", network: net.network, asset: usdc.address, payTo: fresh(), amount: "1000", maxTimeoutSeconds: 60, extra: {} };
+    const channel = { payer: attacker.address, payerAuthorizer: attacker.address, receiver: requirements.payTo, receiverAuthorizer: attacker.address, token, withdrawDelay: 900, salt: `0x${"00".repeat(32)}` };
+    for (const payload of [
+      { type: "deposit", channelConfig: channel, voucher: { channelId: `0x${"11".repeat(32)}`, maxClaimableAmount: "1000", signature: "0x00" }, deposit: { amount: "1000", authorization: {} } },
+      { type: "settle", receiver: requirements.payTo, token },
+    ]) {
+      const r = await postJson(`${devnet.info.routerUrl}/settle`, { x402Version: 2, paymentPayload: { x402Version: 2, accepted: requirements, payload }, paymentRequirements: requirements });
+      expect(r.status).toBe(400);
+      expect(r.json.error).toMatch(/^unsupported_asset: the payload's token 0x/);
+    }
     expect(await sentBy(signer)).toBe(sent0);
   });
 

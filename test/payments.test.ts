@@ -154,7 +154,7 @@ describe("failure reasons (reference codes)", () => {
     for (const action of ["verify", "settle"]) {
       const r = await router(action, body);
       expect(r.status).toBe(400);
-      expect(r.json.error).toMatch(/^unsupported_asset: asset 0x00000000000000000000000000000000000b0B0b is not accepted on eip155:8453; accepted assets: /);
+      expect(r.json.error).toMatch(/^unsupported_asset: 0x00000000000000000000000000000000000b0B0b is not accepted on eip155:8453; accepted assets: /);
     }
   });
 

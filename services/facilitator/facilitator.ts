@@ -70,10 +70,10 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
   const domainByAsset = new Map(opts.assets.filter((a) => a.eip712).map((a) => [getAddress(a.address), a.eip712!]));
   // Gas is spent only on tokens we know: an attacker's own token could burn any amount in its transfer.
   const accepted = new Set(opts.allowedAssets ?? opts.assets.map((a) => getAddress(a.address)));
-  function checkAsset(asset: string, where: string) {
+  function checkAsset(asset: string, where = "") {
     const address = getAddress(asset);
     if (!accepted.has(address)) {
-      throw new RequestError("unsupported_asset", `${where} ${address} is not accepted on ${opts.network}; accepted assets: ${[...accepted].join(", ") || "(none)"}`);
+      throw new RequestError("unsupported_asset", `${where}${address} is not accepted on ${opts.network}; accepted assets: ${[...accepted].join(", ") || "(none)"}`);
     }
   }
 
@@ -86,9 +86,9 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
         `${pairKey(requirements.scheme, requirements.network)} is not served here; registered pairs: ${pairs.join(", ")}`,
       );
     }
-    checkAsset(requirements.asset, "asset");
+    checkAsset(requirements.asset);
     checkSchemePayload(requirements.scheme, payload.payload);
-    for (const token of tokensInside(payload.payload)) checkAsset(token, "token");
+    for (const token of tokensInside(payload.payload)) checkAsset(token, "the payload's token ");
     const domain = domainByAsset.get(getAddress(requirements.asset));
     if (domain && (requirements.extra.name === undefined || requirements.extra.version === undefined)) {
       const extra = { name: domain.name, version: domain.version, ...requirements.extra };
