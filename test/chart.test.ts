@@ -449,7 +449,7 @@ describe("monitoring", () => {
     const rules = one(docs, "PrometheusRule", "fleet-x402-fleet");
     expect(render({ values: { monitoring: { enabled: true, rules: { enabled: false } } }, apiVersions: [MONITORING_API] }).some((d) => d.kind === "PrometheusRule")).toBe(false);
     const alerts = (rules.spec as { groups: { rules: { alert: string }[] }[] }).groups.flatMap((g) => g.rules.map((r) => r.alert));
-    expect(alerts).toEqual(["X402SettlementFailureRatioHigh", "X402SettlementPendingTooLong", "X402SignerBalanceLow", "X402RpcErrorRatioHigh", "X402NetworkNotReady", "X402OperatorReconcileErrors", "X402RouterBackendDown"]);
+    expect(alerts).toEqual(["X402SettlementFailureRatioHigh", "X402SettlementPendingTooLong", "X402SignerBalanceLow", "X402RpcErrorRatioHigh", "X402NetworkNotReady", "X402OperatorReconcileErrors", "X402RouterBackendDown", "X402UnhandledErrors"]);
   });
 
   it("selects the chart's Services and pods on their admin ports, and keeps the `service` label the queries use", () => {
