@@ -127,6 +127,21 @@ describe("a hostile payer", () => {
   });
 });
 
+describe("a hostile payer mixing transfer methods", () => {
+  it("a Permit2 payment with a decoy EIP-3009 authorization beside it is refused before anything runs", async () => {
+    const s = spec();
+    const eip3009 = await signEip3009(s);
+    const body = serviceShape(s, { ...eip3009, permit2Authorization: { from: s.payTo, permitted: { token: usdc.address, amount: "1000" }, spender: s.payTo, nonce: "1", deadline: "9999999999", witness: { to: s.payTo, validAfter: "0" } } });
+    const sent0 = await sentBy(signer);
+    for (const endpoint of ["verify", "settle"]) {
+      const r = await postJson(`${devnet.info.routerUrl}/${endpoint}`, body);
+      expect(r.status).toBe(400);
+      expect(r.json.error).toMatch(/^invalid_payload: paymentPayload.payload carries both authorization/);
+    }
+    expect(await sentBy(signer)).toBe(sent0);
+  });
+});
+
 describe("a hostile resource server", () => {
   it("a token it deployed itself is refused at /verify and /settle, and no transaction is sent", async () => {
     // A working EIP-3009 token (the devnet's own stablecoin code) at an address of the attacker's choosing.

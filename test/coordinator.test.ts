@@ -5,6 +5,7 @@ import type { PaymentPayload, PaymentRequirements, SettleResponse } from "@x402/
 import { openDatabase, migrate, type Database } from "../services/platform/storage.ts";
 import { SETTLEMENT_MIGRATIONS, createSettlementStore } from "../services/facilitator/settlement/store.ts";
 import { createSettlementCoordinator } from "../services/facilitator/settlement/coordinator.ts";
+import { settlementContext } from "../services/facilitator/settlement/context.ts";
 import type { ChainClient } from "../services/facilitator/chain.ts";
 
 let db: Database;
@@ -95,5 +96,91 @@ describe("settlement coordinator: one nonce, two payments", () => {
     releaseForged();
     expect(await forged).toMatchObject({ success: false, errorReason: "invalid_exact_evm_signature" });
     expect(await genuine).toEqual(ok);
+  });
+});
+
+describe("settlement coordinator: a run that outlives its lease", () => {
+  const other: PaymentRequirements = { ...requirements, payTo: "0x000000000000000000000000000000000000bEEF" };
+
+  it("loses the claim to the request that takes it over: it can sign nothing and never gets that request's answer", async () => {
+    const store = createSettlementStore(db, network);
+    const c = createSettlementCoordinator({ store, chain: {} as ChainClient, network, waitBoundMs: 5000, confirmations: 1, leaseMs: 100, pollIntervalMs: 10 });
+    const p = payload(`0x${"06".repeat(32)}`);
+    let resume!: () => void;
+    let started!: () => void;
+    const paused = new Promise<void>((r) => (resume = r));
+    const running = new Promise<void>((r) => (started = r));
+    let signed = 0;
+    // A: slow before it sends (a slow RPC); when it finally tries to store its transaction, the fence must hold.
+    const a = c.settle({
+      payload: p,
+      requirements,
+      reusedReason,
+      run: async () => {
+        started();
+        await paused;
+        const ctx = settlementContext.getStore()!;
+        await store.allocateAndStore(
+          { paymentId: ctx.paymentId, claimOwner: ctx.owner, signer: "0x00000000000000000000000000000000000000A1", to: requirements.asset as `0x${string}`, data: "0x", gas: 21_000n, maxFeePerGas: 1n, maxPriorityFeePerGas: 1n },
+          async () => 0,
+          async () => {
+            signed++;
+            return { raw: "0x01", hash: `0x${"ab".repeat(32)}` };
+          },
+        );
+        return { success: true, transaction: `0x${"ab".repeat(32)}`, network };
+      },
+    });
+    await running;
+    // B: another payment with the same nonce, once A's lease has run out (waits for that condition).
+    const ok: SettleResponse = { success: true, transaction: "", network };
+    let b: SettleResponse;
+    for (;;) {
+      b = await c.settle({ payload: p, requirements: other, reusedReason, run: async () => ok });
+      if (b.success) break;
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    expect(b).toEqual(ok);
+    resume();
+    const answerA = await a.catch((e: Error) => ({ success: false, errorReason: e.name, transaction: "", network }));
+    expect(answerA).toMatchObject({ success: false, transaction: "" });
+    expect(answerA).not.toEqual(ok);
+    expect(signed).toBe(0);
+    // B's answer stays B's: a retry of B gets it again without running anything.
+    expect(await c.settle({ payload: p, requirements: other, reusedReason, run: async () => { throw new Error("must not run"); } })).toEqual(ok);
+  });
+});
+
+describe("settlement coordinator: reservations", () => {
+  it("payments without an identity payer (batch deposits) still reserve against the payer they draw on", async () => {
+    const store = createSettlementStore(db, network);
+    const payer = "0x00000000000000000000000000000000000000B2" as const;
+    let balanceReads = 0;
+    // The payer holds 1000; the balance is the only chain read a reservation makes.
+    const chain = { client: { readContract: async () => (balanceReads++, 1000n) } } as unknown as ChainClient;
+    const c = createSettlementCoordinator({ store, chain, network, waitBoundMs: 2000, confirmations: 1 });
+    let release!: () => void;
+    let reserved!: () => void;
+    const hold = new Promise<void>((r) => (release = r));
+    const firstReserved = new Promise<void>((r) => (reserved = r));
+    const deposit = (salt: string) => ({ x402Version: 2, accepted: requirements, payload: { type: "deposit", channelConfig: { payer, salt }, deposit: { amount: "600" } } }) as unknown as PaymentPayload;
+    const job = (salt: string) => ({
+      payload: deposit(salt),
+      requirements: { ...requirements, scheme: "batch-settlement" },
+      reusedReason,
+      reservation: { asset: requirements.asset as `0x${string}`, payer, amount: 600n, insufficientReason: "invalid_batch_settlement_evm_insufficient_balance" },
+      run: async (): Promise<SettleResponse> => {
+        reserved(); // the mechanism runs only after the reservation
+        await hold;
+        return { success: false, errorReason: "invalid_batch_settlement_evm_channel_not_found", transaction: "", network };
+      },
+    });
+    const first = c.settle(job("0x01"));
+    await firstReserved;
+    const second = await c.settle(job("0x02"));
+    expect(second).toMatchObject({ success: false, errorReason: "invalid_batch_settlement_evm_insufficient_balance", transaction: "" });
+    expect(balanceReads).toBe(1);
+    release();
+    await first;
   });
 });

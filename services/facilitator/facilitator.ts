@@ -223,7 +223,7 @@ function settleJobOf(payload: PaymentPayload, requirements: PaymentRequirements)
         : {}),
     };
   }
-  if (inner.authorization?.from) {
+  if (inner.authorization?.from && !inner.permit2Authorization) {
     const payer = getAddress(inner.authorization.from);
     return { payload, requirements, reusedReason: "invalid_exact_evm_nonce_already_used", reservation: { asset, payer, amount, insufficientReason: "invalid_exact_evm_insufficient_balance" } };
   }
@@ -254,7 +254,7 @@ function tokensInside(payload: Record<string, unknown>): string[] {
 function worthlessReason(payload: PaymentPayload, requirements: PaymentRequirements, step: "verify" | "settle"): string | undefined {
   const p = payload.payload as BatchPayloadFields;
   if (requirements.scheme === "batch-settlement") {
-    if (p.type === "deposit" && p.deposit && /^0+$/.test(String(p.deposit.amount))) return "a deposit of 0 moves nothing";
+    if (p.type === "deposit" && p.deposit && isZero(p.deposit.amount)) return "a deposit of 0 moves nothing";
     return undefined;
   }
   const payer = payerOf(payload);
@@ -264,9 +264,19 @@ function worthlessReason(payload: PaymentPayload, requirements: PaymentRequireme
   return undefined;
 }
 
+/** The payer as the mechanism sees it: Permit2 wins when present (the reference executes it first). */
 function payerOf(payload: PaymentPayload): string | undefined {
   const p = payload.payload as { authorization?: { from?: string }; permit2Authorization?: { from?: string } };
-  return p.authorization?.from ?? p.permit2Authorization?.from;
+  return p.permit2Authorization?.from ?? p.authorization?.from;
+}
+
+/** Zero however it is written (BigInt also reads "0x0", " 0"); unreadable amounts are the mechanism's to refuse. */
+function isZero(amount: unknown): boolean {
+  try {
+    return BigInt(String(amount)) === 0n;
+  } catch {
+    return false;
+  }
 }
 
 /** Mechanism messages can quote raw RPC errors (with the endpoint URL): keep them short and URL-free. */

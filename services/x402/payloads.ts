@@ -48,6 +48,11 @@ function schemaFor(scheme: string, payload: unknown): z.ZodTypeAny | undefined {
 
 /** Validates `paymentPayload.payload` for a scheme before a mechanism sees it. */
 export function checkSchemePayload(scheme: string, payload: unknown): void {
+  // One payload, one transfer method: a decoy EIP-3009 authorization beside a Permit2 one would be
+  // what we identify and check while Permit2 is what the mechanism executes.
+  if ((scheme === "exact" || scheme === "upto") && payload && typeof payload === "object" && "permit2Authorization" in payload && "authorization" in payload) {
+    throw new RequestError("invalid_payload", "paymentPayload.payload carries both authorization (EIP-3009) and permit2Authorization; send one");
+  }
   const schema = schemaFor(scheme, payload);
   if (!schema) return;
   const result = schema.safeParse(payload);

@@ -6,6 +6,8 @@ import type { Address } from "viem";
 
 export interface SettlementContext {
   paymentId: string;
+  /** The claim this run holds: a transaction is stored only while it still does (store.allocateAndStore). */
+  owner?: string;
   /** A key the transaction must come from (upto: the key named in witness.facilitator). */
   signer?: Address;
   /**

@@ -48,7 +48,9 @@ export const SETTLEMENT_BUSY = "unexpected_settle_error";
 const OPEN = new Set(["signed", "broadcast"]);
 
 export function createSettlementCoordinator(opts: CoordinatorOptions) {
-  const owner = randomUUID();
+  // Claims are owned per request, not per process: two requests of one process must not pass for
+  // each other when one takes over the other's expired claim.
+  const processId = randomUUID();
   const leaseMs = opts.leaseMs ?? 30_000;
   const poll = opts.pollIntervalMs ?? 50;
   const { store, network } = opts;
@@ -99,26 +101,31 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
   }
 
   /** This caller holds the claim: run the mechanism, then record what happened. */
-  async function execute(job: SettleJob, paymentId: string, payer: string | null, deadline: number): Promise<SettleResponse> {
+  async function execute(job: SettleJob, paymentId: string, payer: string | null, deadline: number, owner: string): Promise<SettleResponse> {
     let result: SettleResponse;
     try {
-      const refusal = await reserve(job, paymentId, payer);
+      const refusal = await reserve(job, paymentId, payer, owner);
       if (refusal) {
-        await store.release(paymentId);
+        await store.release(paymentId, owner);
         return refusal;
       }
-      result = await settlementContext.run({ paymentId, signer: job.signer }, job.run);
+      result = await settlementContext.run({ paymentId, owner, signer: job.signer }, job.run);
     } catch (e) {
-      await store.release(paymentId); // a no-op when a transaction exists: that one is still driven to its end
+      await store.release(paymentId, owner); // a no-op when a transaction exists: that one is still driven to its end
       throw e;
+    }
+    // A run that outlived its lease lost the claim to another request (which may be another
+    // payment): it stored nothing (the fence in allocateAndStore) and must not read their outcome.
+    if (!(await store.owns(paymentId, owner))) {
+      return failure(SETTLEMENT_BUSY, payer, "this request took too long and another request took over this payment; retry /settle");
     }
     const txs = await store.outboxForPayment(paymentId);
     if (txs.length === 0) {
       if (result.success) {
-        await store.record(paymentId, "succeeded", result as unknown as Record<string, unknown>); // nothing to send (upto with 0)
+        await store.record(paymentId, "succeeded", result as unknown as Record<string, unknown>, owner); // nothing to send (upto with 0)
         return stored(paymentId);
       }
-      await store.release(paymentId); // refused before any transaction: a later retry may try again
+      await store.release(paymentId, owner); // refused before any transaction: a later retry may try again
       return result;
     }
     const mined = txs.find((t) => t.state === "confirmed" && t.mined_hash);
@@ -140,12 +147,12 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
    * flight for that payer would overdraw it (nothing is sent for the ones that cannot be covered).
    * The balance is read only when other payments of the payer are in flight.
    */
-  async function reserve(job: SettleJob, paymentId: string, payer: string | null): Promise<SettleResponse | undefined> {
+  async function reserve(job: SettleJob, paymentId: string, payer: string | null, owner: string): Promise<SettleResponse | undefined> {
     const r = job.reservation;
     if (!r || r.amount === 0n) return undefined;
     let balance: bigint | undefined;
     for (;;) {
-      const outcome = await store.reserve(paymentId, r.asset, r.payer, r.amount, balance);
+      const outcome = await store.reserve(paymentId, owner, r.asset, r.payer, r.amount, balance);
       if (outcome.reserved) return undefined;
       if (balance !== undefined) {
         return failure(r.insufficientReason, payer, `the payer's balance does not cover this payment besides ${outcome.inFlight} already being settled`);
@@ -155,7 +162,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
   }
 
   return {
-    owner,
+    processId,
     async settle(job: SettleJob): Promise<SettleResponse> {
       const identity = paymentIdentity(job.payload, job.requirements);
       const digest = paymentDigest(job.payload, job.requirements);
@@ -163,9 +170,10 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
       const id = job.unique ? `${identity.id}:${randomUUID()}` : identity.id;
       const extra = job.extra ?? {};
       const deadline = Date.now() + opts.waitBoundMs;
+      const owner = `${processId}:${randomUUID()}`;
       for (;;) {
         const claim = await store.claim(id, digest, job.requirements.scheme, payer, extra, owner, leaseMs);
-        if (claim.claimed) return execute(job, id, payer, deadline);
+        if (claim.claimed) return execute(job, id, payer, deadline, owner);
         const row = claim.row;
         const final = row.state === "succeeded" || row.state === "failed";
         const sent = final || (await store.outboxForPayment(id)).length > 0;
@@ -178,7 +186,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
           if (final) return row.response as unknown as SettleResponse;
           if (sent) return awaitOutcome(id, deadline);
         }
-        if (row.lease_expired && (await store.takeOver(id, digest, extra, owner, leaseMs))) return execute(job, id, payer, deadline);
+        if (row.lease_expired && (await store.takeOver(id, digest, extra, owner, leaseMs))) return execute(job, id, payer, deadline, owner);
         if (Date.now() >= deadline) return failure(SETTLEMENT_BUSY, payer, "another request is settling a payment with this nonce and has sent no transaction yet; retry /settle");
         await sleep(poll);
       }

@@ -239,7 +239,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       // Headroom over the estimate, never past the ceiling.
       const padded = args.gas ?? (estimate * 12n) / 10n;
       const gas = padded > policy.ceiling(kind) ? policy.ceiling(kind) : padded;
-      const entry = { paymentId, signer: account.address, to: args.to, data: args.data, gas, kind, maxFeePerGas: fee.maxFeePerGas, maxPriorityFeePerGas: fee.maxPriorityFeePerGas };
+      const entry = { paymentId, claimOwner: ctx?.owner, signer: account.address, to: args.to, data: args.data, gas, kind, maxFeePerGas: fee.maxFeePerGas, maxPriorityFeePerGas: fee.maxPriorityFeePerGas };
       let row = await opts.store.allocateAndStore(entry, () => client.getTransactionCount({ address: account.address, blockTag: "pending" }), (nonce) => sign(account, { ...entry, nonce }));
       crash("after_store", opts.crashAt);
       for (let attempt = 0; ; attempt++) {

@@ -24,20 +24,22 @@ export function canonicalJson(value: unknown): string {
 export function paymentIdentity(payload: PaymentPayload, requirements: PaymentRequirements): { id: string; payer: string | null } {
   const p = payload.payload as Record<string, Record<string, unknown> | undefined>;
   const scope = `${requirements.network}|${requirements.scheme}`;
-  let key: string;
+  let id: string;
   let payer: string | null = null;
   const auth = p.authorization;
   const permit = p.permit2Authorization;
-  if (auth && typeof auth.from === "string" && typeof auth.nonce === "string") {
-    payer = getAddress(auth.from);
-    key = `eip3009|${getAddress(requirements.asset)}|${payer}|${auth.nonce.toLowerCase()}`;
-  } else if (permit && typeof permit.from === "string" && typeof permit.nonce === "string") {
+  // Permit2 first, as the reference mechanisms execute it whenever it is present. Its nonces are the
+  // owner's across every spender, so exact and upto share one scope.
+  if (permit && typeof permit.from === "string" && typeof permit.nonce === "string") {
     payer = getAddress(permit.from);
-    key = `permit2|${payer}|${permit.nonce}`;
+    id = `${requirements.network}|permit2|${payer}|${BigInt(permit.nonce)}`;
+  } else if (auth && typeof auth.from === "string" && typeof auth.nonce === "string") {
+    payer = getAddress(auth.from);
+    id = `${scope}|eip3009|${getAddress(requirements.asset)}|${payer}|${auth.nonce.toLowerCase()}`;
   } else {
-    key = `payload|${canonicalJson(payload.payload)}`;
+    id = `${scope}|payload|${canonicalJson(payload.payload)}`;
   }
-  return { id: keccak256(toBytes(`${scope}|${key}`)), payer };
+  return { id: keccak256(toBytes(id)), payer };
 }
 
 /**

@@ -82,6 +82,15 @@ ALTER TABLE settlement_outbox DROP CONSTRAINT settlement_outbox_network_signer_n
 CREATE UNIQUE INDEX settlement_outbox_live_nonce ON settlement_outbox (network, signer, nonce) WHERE state <> 'dropped';
 CREATE INDEX settlement_outbox_watched ON settlement_outbox (network) WHERE watched`,
   },
+  {
+    // Whose balance a reservation draws on: the payer of the identity is not always it (a
+    // batch-settlement deposit has no identity payer but takes the channel payer's tokens).
+    id: "settlement/004_reserved_payer",
+    sql: `
+ALTER TABLE settlement_payments ADD COLUMN reserved_payer text;
+DROP INDEX settlement_payments_in_flight;
+CREATE INDEX settlement_payments_in_flight ON settlement_payments (network, asset, reserved_payer) WHERE reserved IS NOT NULL AND state IN ('claimed', 'pending')`,
+  },
 ];
 
 export type PaymentState = "claimed" | "pending" | "succeeded" | "failed";
@@ -134,8 +143,15 @@ export interface SignedTransaction {
   hash: `0x${string}`;
 }
 
+/** A run's claim was taken over (its lease ran out): it must not sign anything for the payment. */
+export class ClaimLostError extends Error {
+  override name = "ClaimLostError";
+}
+
 export interface NewOutboxEntry {
   paymentId: string;
+  /** The claim owner of the run sending it; unset for transactions of no payment (fillers). */
+  claimOwner?: string;
   signer: `0x${string}`;
   to: `0x${string}`;
   data: `0x${string}`;
@@ -206,18 +222,18 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
      * payment); otherwise it fits only within `balance`, and without a balance the caller is told
      * to read one and come back.
      */
-    async reserve(paymentId: string, asset: string, payer: string, amount: bigint, balance?: bigint): Promise<{ reserved: true } | { reserved: false; inFlight: bigint }> {
+    async reserve(paymentId: string, owner: string, asset: string, payer: string, amount: bigint, balance?: bigint): Promise<{ reserved: true } | { reserved: false; inFlight: bigint }> {
       return db.transaction(async (tx) => {
         await tx.query(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, [`${network}|${asset}|${payer}`]);
         const [row] = await tx.query<{ total: string }>(
           `SELECT COALESCE(sum(reserved), 0)::text AS total FROM settlement_payments p
-           WHERE network = $1 AND asset = $2 AND payer = $3 AND payment_id <> $4 AND reserved IS NOT NULL AND state IN ('claimed', 'pending')
+           WHERE network = $1 AND asset = $2 AND reserved_payer = $3 AND payment_id <> $4 AND reserved IS NOT NULL AND state IN ('claimed', 'pending')
              AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = p.payment_id AND o.state IN ('confirmed', 'reverted'))`,
           [network, asset, payer, paymentId],
         );
         const inFlight = BigInt(row!.total);
         if (inFlight > 0n && (balance === undefined || inFlight + amount > balance)) return { reserved: false, inFlight };
-        await tx.query(`UPDATE settlement_payments SET asset = $3, reserved = $4 WHERE network = $1 AND payment_id = $2`, [network, paymentId, asset, amount.toString()]);
+        await tx.query(`UPDATE settlement_payments SET asset = $3, reserved_payer = $4, reserved = $5 WHERE network = $1 AND payment_id = $2 AND owner = $6`, [network, paymentId, asset, payer, amount.toString(), owner]);
         return { reserved: true };
       });
     },
@@ -231,22 +247,27 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       return rows[0];
     },
 
-    async record(paymentId: string, state: Exclude<PaymentState, "claimed">, response: Record<string, unknown>): Promise<void> {
+    async record(paymentId: string, state: Exclude<PaymentState, "claimed">, response: Record<string, unknown>, owner?: string): Promise<void> {
       // A final state is never overwritten by a later, staler write.
       await db.query(
         `UPDATE settlement_payments SET state = $3, response = $4, lease_until = NULL, updated_at = now()
-         WHERE network = $1 AND payment_id = $2 AND state NOT IN ('succeeded', 'failed')`,
-        [network, paymentId, state, JSON.stringify(response)],
+         WHERE network = $1 AND payment_id = $2 AND state NOT IN ('succeeded', 'failed') AND ($5::text IS NULL OR owner = $5)`,
+        [network, paymentId, state, JSON.stringify(response), owner ?? null],
       );
     },
 
-    /** Forgets a claim that produced no transaction (a payment-level refusal): a later retry may try again. */
-    async release(paymentId: string): Promise<void> {
+    /** Forgets a claim that produced no transaction (a payment-level refusal): a later retry may try again. Only its owner's. */
+    async release(paymentId: string, owner: string): Promise<void> {
       await db.query(
-        `DELETE FROM settlement_payments p WHERE network = $1 AND payment_id = $2 AND state = 'claimed'
+        `DELETE FROM settlement_payments p WHERE network = $1 AND payment_id = $2 AND state = 'claimed' AND owner = $3
            AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = $2)`,
-        [network, paymentId],
+        [network, paymentId, owner],
       );
+    },
+
+    /** Whether `owner` still holds the claim on this payment (a run whose lease was taken over does not). */
+    async owns(paymentId: string, owner: string): Promise<boolean> {
+      return (await db.query(`SELECT 1 FROM settlement_payments WHERE network = $1 AND payment_id = $2 AND owner = $3`, [network, paymentId, owner])).length > 0;
     },
 
     /**
@@ -257,6 +278,15 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     async allocateAndStore(entry: NewOutboxEntry, initialNonce: () => Promise<number>, sign: (nonce: bigint) => Promise<SignedTransaction>): Promise<OutboxRow> {
       const seed = await this.hasNonce(entry.signer) ? undefined : await initialNonce();
       return db.transaction(async (tx) => {
+        if (entry.claimOwner) {
+          // The fence: sign only while this run still holds its payment's claim, and from now on the
+          // claim can no longer be taken over (a lease without an end).
+          const held = await tx.query(
+            `UPDATE settlement_payments SET lease_until = NULL, updated_at = now() WHERE network = $1 AND payment_id = $2 AND owner = $3 AND state = 'claimed' RETURNING 1`,
+            [network, entry.paymentId, entry.claimOwner],
+          );
+          if (held.length === 0) throw new ClaimLostError(`the claim on this payment passed to another request; nothing was signed`);
+        }
         if (seed !== undefined) {
           await tx.query(`INSERT INTO settlement_nonces (network, signer, next_nonce) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, [network, entry.signer, seed]);
         }
