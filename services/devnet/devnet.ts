@@ -16,6 +16,7 @@ import { startDevnetWallets } from "./wallets.ts";
 import type { RoutingTable } from "../router/routing-table.ts";
 import { startAnvil, type AnvilNode } from "./anvil.ts";
 import { setupDevnetChain } from "./chain-setup.ts";
+import { devnetAssets } from "./devnet-assets.ts";
 
 /** anvil's well-known development mnemonic: these keys guard nothing outside a devnet. */
 export const DEVNET_MNEMONIC = "test test test test test test test test test test test junk";
@@ -75,7 +76,8 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
   const selected = (opts.networks ?? NETWORKS.map((n) => n.network)).map((n) => {
     const info = networkInfo(n);
     if (!info) throw new Error(`unknown network ${n}; the devnet serves ${NETWORKS.map((x) => x.network).join(", ")}`);
-    return info;
+    // The devnet's own token list (real assets and devnet-only stand-ins), never the production table alone.
+    return { ...info, assets: devnetAssets(info.network) };
   });
 
   const payers = [
@@ -123,6 +125,8 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
           rpcUrls: [anvil.rpcUrl],
           signerKeyFile: keyFile,
           schemes: ["exact", "upto", "batch-settlement"],
+          // The facilitator accepts the devnet's tokens: the production table lacks the stand-ins.
+          assets: net.assets,
           host,
           port: routerPort === 0 ? 0 : routerPort + 101 + i,
           adminPort: routerPort === 0 ? 0 : routerPort + 301 + i, // 4321…: clear of common local services (NATS listens on 4222)

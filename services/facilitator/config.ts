@@ -102,6 +102,7 @@ const fileSchema = z
         decimals: z.number().int().min(0).max(36),
         eip712: z.object({ name: z.string(), version: z.string() }).optional(),
         transferMethods: z.array(z.enum(["eip3009", "permit2"])),
+        eip2612: z.boolean().optional(),
       }),
     ),
   })
