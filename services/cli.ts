@@ -10,6 +10,7 @@ const USAGE = `x402-fleet <command> [options]
 commands:
   devnet        run the whole system on local anvil chains (the embedded default)
                 --networks eip155:8453,eip155:56   --port 4020   --state-dir .devnet
+                [--block-times: mine at each chain's block time and settle at its confirmations]
   facilitator   serve one network
                 --network eip155:8453 --rpc-url URL [--rpc-url URL2] --signer-key-file FILE
                 --schemes exact --port 4021 --admin-port 9421 --host 127.0.0.1 --config FILE.json
@@ -79,6 +80,7 @@ export async function main(argv: string[]): Promise<void> {
       amount: { type: "string" },
       method: { type: "string" },
       "body-only": { type: "boolean" },
+      "block-times": { type: "boolean" },
       "data-dir": { type: "string" },
       "chain-id": { type: "string" },
       namespace: { type: "string" },
@@ -105,6 +107,7 @@ export async function main(argv: string[]): Promise<void> {
         port: port !== undefined ? Number(port) : undefined,
         host: values.host,
         stateDir: values["state-dir"],
+        blockTimes: values["block-times"],
         logger: createLogger("devnet", process.env.LOG_LEVEL ?? "warn"),
       });
       onShutdown(devnet.stop);
