@@ -36,6 +36,10 @@ commands:
                 (env: X402_FACILITATOR_IMAGE, POD_NAMESPACE, X402_WATCH_NAMESPACE, X402_ROUTING_CONFIGMAP,
                  X402_CLUSTER_DOMAIN, X402_LEADER_ELECTION=false, X402_LEASE_NAME, POD_NAME, KUBECONFIG;
                  docs/operator.md)
+  doctor        check a facilitator configuration against its chain before it takes money: RPC chain id and
+                head lag, contract code, asset decimals and EIP-712 domains, signer balances and nonces, the
+                router's table. Plain-words report; exit 1 on problems. Same flags and env as facilitator, plus
+                [--routing-table FILE] [--router-url URL] (docs/networks.md)
   pay           sign, verify and settle an example payment on a running devnet
                 --network eip155:8453 --amount 10000 [--method eip3009|permit2] [--state-dir .devnet]
                 [--body-only: print the signed request body for curl instead of sending it]
@@ -88,6 +92,7 @@ export async function main(argv: string[]): Promise<void> {
       "facilitator-image": { type: "string" },
       "master-key-file": { type: "string" },
       "admin-token-file": { type: "string" },
+      "router-url": { type: "string" },
     },
   });
   const port = values.port ?? process.env.PORT;
@@ -129,6 +134,27 @@ export async function main(argv: string[]): Promise<void> {
       });
       const running = await startFacilitatorService(config);
       onShutdown(running.close);
+      return;
+    }
+    case "doctor": {
+      const { resolveFacilitatorConfig, facilitatorConfigFromEnv } = await import("./facilitator/config.ts");
+      const { runDoctor, formatDoctorReport } = await import("./facilitator/doctor.ts");
+      const { parseRoutingTable } = await import("./router/routing-table.ts");
+      const file = values.config ? JSON.parse(readFileSync(values.config, "utf8")) : {};
+      const config = resolveFacilitatorConfig(file, facilitatorConfigFromEnv(process.env), {
+        network: values.network,
+        rpcUrls: values["rpc-url"],
+        signerKeyFile: values["signer-key-file"],
+        schemes: values.schemes?.split(",") as Scheme[] | undefined,
+      });
+      const tablePath = values["routing-table"] ?? process.env.X402_ROUTING_TABLE;
+      const report = await runDoctor({
+        config,
+        routingTable: tablePath ? parseRoutingTable(readFileSync(tablePath, "utf8")) : undefined,
+        routerUrl: values["router-url"] ?? process.env.X402_ROUTER_URL,
+      });
+      process.stdout.write(formatDoctorReport(report));
+      if (!report.ok) process.exitCode = 1;
       return;
     }
     case "router": {
