@@ -3,7 +3,7 @@
 // floor). Settlement succeeds under every chain's rules, the money moves, the settlement is answered
 // only at the chain's confirmation depth, and a transaction under a chain's floor is never sent.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createPublicClient, createTestClient, http, parseAbi, parseGwei, toHex, type Address, type Hex } from "viem";
+import { createPublicClient, createTestClient, http, parseAbi, parseGwei, type Address, type Hex } from "viem";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { pino } from "pino";
 import { startTestDevnet } from "./helpers/devnet.ts";
@@ -14,6 +14,7 @@ import { resolveFacilitatorConfig, type FacilitatorConfigInput } from "../servic
 import { startFacilitatorService, type RunningFacilitator } from "../services/facilitator/service.ts";
 import { OP_GAS_PRICE_ORACLE, resolveNetworkPolicy } from "../services/facilitator/network-policy.ts";
 import { openDatabase, type Database } from "../services/platform/storage.ts";
+import { refuseWellKnownKeys } from "../services/facilitator/signer-networks.ts";
 
 const NETWORKS = ["eip155:56", "eip155:97", "eip155:8453", "eip155:84532", "eip155:137", "eip155:42161"] as const;
 const authorizationStateAbi = parseAbi(["function authorizationState(address, bytes32) view returns (bool)"]);
@@ -131,7 +132,7 @@ describe("a transaction under a chain's floor is never sent", () => {
 
 describe("testnets and mainnets never mix", () => {
   it("a mainnet facilitator refuses an RPC on a testnet, and the reverse", async () => {
-    await expect(ownFacilitator(net("eip155:84532"), { network: "eip155:8453", allowWellKnownKeys: true })).rejects.toThrow(/is on testnet eip155:84532, but this facilitator serves the mainnet eip155:8453: testnets and mainnets never mix/);
+    await expect(ownFacilitator(net("eip155:84532"), { network: "eip155:8453" })).rejects.toThrow(/is on testnet eip155:84532, but this facilitator serves the mainnet eip155:8453: testnets and mainnets never mix/);
     await expect(ownFacilitator(net("eip155:56"), { network: "eip155:97" })).rejects.toThrow(/is on mainnet eip155:56, but this facilitator serves the testnet eip155:97/);
   });
 
@@ -147,9 +148,12 @@ describe("testnets and mainnets never mix", () => {
     );
   });
 
-  it("a mainnet refuses anvil's public development keys", () => {
+  it("a mainnet served by a real node refuses anvil's public development keys; a local development node may use them", () => {
     const anvilKey0: Hex = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80";
-    expect(() => resolveFacilitatorConfig({ network: "eip155:8453", rpcUrls: ["http://127.0.0.1:1"], signerKeys: [toHex(BigInt(anvilKey0), { size: 32 })] })).toThrow(/well-known development key/);
-    expect(resolveFacilitatorConfig({ network: "eip155:84532", rpcUrls: ["http://127.0.0.1:1"], signerKeys: [anvilKey0] }).network).toBe("eip155:84532");
+    const base = { network: "eip155:8453", testnet: false };
+    expect(() => refuseWellKnownKeys(base, [generatePrivateKey(), anvilKey0], "Geth/v1.101503.4-stable/linux-amd64/go1.23")).toThrow(/signer key 2 is a well-known development key .* mainnet eip155:8453/);
+    expect(() => refuseWellKnownKeys(base, [anvilKey0], "anvil/v1.7.1")).not.toThrow();
+    expect(() => refuseWellKnownKeys({ network: "eip155:84532", testnet: true }, [anvilKey0], "op-geth/v1.0")).not.toThrow();
+    expect(() => refuseWellKnownKeys(base, [generatePrivateKey()], "op-geth/v1.0")).not.toThrow();
   });
 });

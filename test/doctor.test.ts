@@ -37,7 +37,6 @@ function configOf(n: DevnetNetwork, overrides: FacilitatorConfigInput = {}) {
     schemes: ["exact", "upto", "batch-settlement"],
     assets: n.assets,
     confirmations: 1,
-    allowWellKnownKeys: true,
     ...overrides,
   });
 }

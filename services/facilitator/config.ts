@@ -10,7 +10,6 @@ import { DEFAULT_BASE_FEE_MULTIPLIER, parseGasCeilings, type TransactionKind } f
 import { DEFAULT_RECEIPT_POLLING } from "./settlement/receipts.ts";
 import { DEFAULT_MAX_FEE_BUMPS } from "./settlement/reconciler.ts";
 import { defaultReceiptTimeoutMs, resolveNetworkPolicy, type NetworkPolicy } from "./network-policy.ts";
-import { isWellKnownDevnetKey } from "./signer-networks.ts";
 
 export interface FacilitatorConfig {
   network: Caip2;
@@ -115,8 +114,6 @@ const fileSchema = z
 
 export type FacilitatorConfigInput = z.infer<typeof fileSchema> & {
   signerKeys?: string[];
-  /** Only the devnet sets this (in code, never from a file or the environment): anvil's well-known keys on a mainnet chain id. */
-  allowWellKnownKeys?: boolean;
 };
 
 /** Parses signer keys: one 0x-prefixed 32-byte hex key per line; blank lines and # comments ignored. */
@@ -184,7 +181,7 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
   for (const layer of layers) {
     for (const [k, v] of Object.entries(layer)) if (v !== undefined) (merged as Record<string, unknown>)[k] = v;
   }
-  const { signerKeys: inlineKeys, allowWellKnownKeys, ...rest } = merged;
+  const { signerKeys: inlineKeys, ...rest } = merged;
   const parsed = fileSchema.safeParse(rest);
   if (!parsed.success) {
     const issue = parsed.error.issues[0]!;
@@ -202,12 +199,6 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
         : [];
   if (signerKeys.length === 0) throw new Error("facilitator config: no signer keys (--signer-key-file / X402_SIGNER_KEY_FILE, or X402_SIGNER_MNEMONIC_FILE with X402_SIGNER_COUNT)");
   const addresses = signerKeys.map((k) => privateKeyToAccount(k).address);
-  const known = networkInfo(c.network);
-  if (known && !known.testnet && !allowWellKnownKeys) {
-    // anvil's development keys are public: on a mainnet they guard nothing.
-    const publicKey = signerKeys.findIndex((k) => isWellKnownDevnetKey(k));
-    if (publicKey >= 0) throw new Error(`facilitator config: signer key ${publicKey + 1} is a well-known development key (anvil's "test … junk" mnemonic); ${c.network} is a mainnet`);
-  }
   const policy = resolveNetworkPolicy(c.network, c.policy ?? {});
   const uptoFacilitatorAddress = c.uptoFacilitatorAddress ? getAddress(c.uptoFacilitatorAddress) : addresses[0]!;
   if (!addresses.includes(uptoFacilitatorAddress)) throw new Error(`facilitator config: uptoFacilitatorAddress ${uptoFacilitatorAddress} is not one of the signer keys`);

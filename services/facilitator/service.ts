@@ -10,7 +10,7 @@ import { describeDatabase, migrate, openDatabase, type Database } from "../platf
 import { chainIdOf, chainKind, networkInfo } from "../x402/networks.ts";
 import { watchBalances } from "./balances.ts";
 import { assertChainId, createChainClient, reportedChainId, type ChainClient } from "./chain.ts";
-import { SIGNER_NETWORK_MIGRATIONS, bindSignersToNetwork } from "./signer-networks.ts";
+import { SIGNER_NETWORK_MIGRATIONS, bindSignersToNetwork, refuseWellKnownKeys } from "./signer-networks.ts";
 import { minimumSignerBalance } from "./network-policy.ts";
 import type { FacilitatorConfig } from "./config.ts";
 import { createFacilitator, type Facilitator } from "./facilitator.ts";
@@ -47,6 +47,11 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
   const chain = createChainClient({ chainId: chainIdOf(config.network), rpcUrls: config.rpcUrls, metrics, rpcTimeoutMs: config.rpcTimeoutMs });
   await assertNetworkKind(chain, config.network);
   await assertChainId(chain);
+  const served = networkInfo(config.network);
+  if (served && !served.testnet) {
+    const clientVersion = await chain.client.request({ method: "web3_clientVersion" }).catch(() => "");
+    refuseWellKnownKeys(served, config.signerKeys, String(clientVersion));
+  }
 
   const db = deps.db ?? (await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir }));
   await migrate(db, SETTLEMENT_MIGRATIONS);

@@ -1,8 +1,8 @@
 // Signer keys of one network are never used on another. A key's nonce sequence, funding and
 // trust (an `upto` payer names the key) belong to one chain; reusing it elsewhere mixes a
 // testnet's keys into a mainnet (or the reverse). Every facilitator records the network of each of
-// its keys in its settlement store and refuses to start with a key bound to another network;
-// mainnets refuse anvil's publicly known development keys outright.
+// its keys in its settlement store and refuses to start with a key bound to another network; on a
+// mainnet served by a real node (not a local development chain) anvil's public keys are refused.
 import { bytesToHex } from "viem";
 import { mnemonicToAccount } from "viem/accounts";
 import type { Database, Migration } from "../platform/storage.ts";
@@ -38,4 +38,14 @@ let wellKnown: Set<string> | undefined;
 export function isWellKnownDevnetKey(key: `0x${string}`): boolean {
   wellKnown ??= new Set(Array.from({ length: 20 }, (_, addressIndex) => bytesToHex(mnemonicToAccount(DEVNET_MNEMONIC, { addressIndex }).getHdKey().privateKey!).toLowerCase()));
   return wellKnown.has(key.toLowerCase());
+}
+
+/** Client versions of local development nodes, where the devnet runs mainnet chain ids with public keys. */
+const DEVELOPMENT_NODE = /^(anvil|hardhat|ganache)/i;
+
+/** Throws when a mainnet served by a real node would sign with a publicly known development key. */
+export function refuseWellKnownKeys(network: { network: string; testnet: boolean }, keys: readonly `0x${string}`[], clientVersion: string): void {
+  if (network.testnet || DEVELOPMENT_NODE.test(clientVersion.trim())) return;
+  const index = keys.findIndex((k) => isWellKnownDevnetKey(k));
+  if (index >= 0) throw new Error(`signer key ${index + 1} is a well-known development key (anvil's "test … junk" mnemonic): it guards nothing on the mainnet ${network.network}`);
 }
