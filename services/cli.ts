@@ -10,6 +10,7 @@ const USAGE = `x402-fleet <command> [options]
 commands:
   devnet        run the whole system on local anvil chains (the embedded default)
                 --networks eip155:8453,eip155:56   --port 4020   --state-dir .devnet
+                [--block-times: mine at each chain's block time and settle at its confirmations]
   facilitator   serve one network
                 --network eip155:8453 --rpc-url URL [--rpc-url URL2] --signer-key-file FILE
                 --schemes exact --port 4021 --admin-port 9421 --host 127.0.0.1 --config FILE.json
@@ -35,6 +36,10 @@ commands:
                 (env: X402_FACILITATOR_IMAGE, POD_NAMESPACE, X402_WATCH_NAMESPACE, X402_ROUTING_CONFIGMAP,
                  X402_CLUSTER_DOMAIN, X402_LEADER_ELECTION=false, X402_LEASE_NAME, POD_NAME, KUBECONFIG;
                  docs/operator.md)
+  doctor        check a facilitator configuration against its chain before it takes money: RPC chain id and
+                head lag, contract code, asset decimals and EIP-712 domains, signer balances and nonces, the
+                router's table. Plain-words report; exit 1 on problems. Same flags and env as facilitator, plus
+                [--routing-table FILE] [--router-url URL] (docs/networks.md)
   pay           sign, verify and settle an example payment on a running devnet
                 --network eip155:8453 --amount 10000 [--method eip3009|permit2] [--state-dir .devnet]
                 [--body-only: print the signed request body for curl instead of sending it]
@@ -79,6 +84,7 @@ export async function main(argv: string[]): Promise<void> {
       amount: { type: "string" },
       method: { type: "string" },
       "body-only": { type: "boolean" },
+      "block-times": { type: "boolean" },
       "data-dir": { type: "string" },
       "chain-id": { type: "string" },
       namespace: { type: "string" },
@@ -86,6 +92,7 @@ export async function main(argv: string[]): Promise<void> {
       "facilitator-image": { type: "string" },
       "master-key-file": { type: "string" },
       "admin-token-file": { type: "string" },
+      "router-url": { type: "string" },
     },
   });
   const port = values.port ?? process.env.PORT;
@@ -105,6 +112,7 @@ export async function main(argv: string[]): Promise<void> {
         port: port !== undefined ? Number(port) : undefined,
         host: values.host,
         stateDir: values["state-dir"],
+        blockTimes: values["block-times"],
         logger: createLogger("devnet", process.env.LOG_LEVEL ?? "warn"),
       });
       onShutdown(devnet.stop);
@@ -126,6 +134,27 @@ export async function main(argv: string[]): Promise<void> {
       });
       const running = await startFacilitatorService(config);
       onShutdown(running.close);
+      return;
+    }
+    case "doctor": {
+      const { resolveFacilitatorConfig, facilitatorConfigFromEnv } = await import("./facilitator/config.ts");
+      const { runDoctor, formatDoctorReport } = await import("./facilitator/doctor.ts");
+      const { parseRoutingTable } = await import("./router/routing-table.ts");
+      const file = values.config ? JSON.parse(readFileSync(values.config, "utf8")) : {};
+      const config = resolveFacilitatorConfig(file, facilitatorConfigFromEnv(process.env), {
+        network: values.network,
+        rpcUrls: values["rpc-url"],
+        signerKeyFile: values["signer-key-file"],
+        schemes: values.schemes?.split(",") as Scheme[] | undefined,
+      });
+      const tablePath = values["routing-table"] ?? process.env.X402_ROUTING_TABLE;
+      const report = await runDoctor({
+        config,
+        routingTable: tablePath ? parseRoutingTable(readFileSync(tablePath, "utf8")) : undefined,
+        routerUrl: values["router-url"] ?? process.env.X402_ROUTER_URL,
+      });
+      process.stdout.write(formatDoctorReport(report));
+      if (!report.ok) process.exitCode = 1;
       return;
     }
     case "router": {

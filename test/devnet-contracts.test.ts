@@ -44,6 +44,7 @@ import { ExactEvmScheme as ExactEvmFacilitatorScheme } from "@x402/evm/exact/fac
 import { startAnvil, type AnvilNode } from "../services/devnet/anvil.ts";
 import { compileDevnetContracts, devnetContract, type CompiledContracts } from "../services/devnet/compile.ts";
 import { DEVNET_MINTER_ADDRESS, defaultPayerTokenAmount, setupDevnetChain } from "../services/devnet/chain-setup.ts";
+import { devnetAssets } from "../services/devnet/devnet-assets.ts";
 import { permit2DomainSeparator, permit2RuntimeBytecode } from "../services/devnet/permit2.ts";
 import { EXACT_PERMIT2_PROXY_ADDRESS, MULTICALL3_ADDRESS, NETWORKS, PERMIT2_ADDRESS, type AssetInfo } from "../services/x402/networks.ts";
 
@@ -58,10 +59,10 @@ function networkAssets(chainId: number): AssetInfo[] {
   return n.assets;
 }
 const baseAssets = networkAssets(8453);
-const bscAssets = networkAssets(56);
+const bscAssets = devnetAssets("eip155:56"); // the real BSC tokens plus the devnet's EIP-3009 stand-in
 const USDC = baseAssets[0]!; // EIP-3009 stablecoin, "USD Coin"/"2", 6 decimals
 const USDT = bscAssets.find((a) => a.symbol === "USDT")!; // Permit2-only, 18 decimals
-const USDC_BSC = bscAssets.find((a) => a.symbol === "USDC")!;
+const USDC_BSC = bscAssets.find((a) => a.transferMethods.includes("eip3009"))!; // the devnet-only stand-in
 
 const chain = defineChain({
   id: CHAIN_ID,

@@ -60,13 +60,17 @@ async function waitForRpc(rpcUrl: string, child: ChildProcess, timeoutMs: number
 export interface StartAnvilOptions {
   chainId: number;
   port?: number;
+  /** Interval mining every this many seconds (fractions allowed); unset: a block per transaction. */
   blockTime?: number;
+  /** The first block's base fee in wei (EIP-1559 moves it from there; 0 stays 0, as on BNB Smart Chain). */
+  baseFeePerGas?: bigint;
 }
 
 export async function startAnvil(opts: StartAnvilOptions): Promise<AnvilNode> {
   const port = opts.port ?? (await freePort());
   const args = ["--chain-id", String(opts.chainId), "--port", String(port), "--host", "127.0.0.1", "--silent"];
   if (opts.blockTime) args.push("--block-time", String(opts.blockTime));
+  if (opts.baseFeePerGas !== undefined) args.push("--base-fee", opts.baseFeePerGas.toString());
   const bin = anvilBinary();
   const child = spawn(bin, args, { stdio: ["ignore", "ignore", "pipe"] });
   let stderr = "";

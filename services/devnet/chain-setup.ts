@@ -15,6 +15,7 @@ import {
 } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 import { EXACT_PERMIT2_PROXY_ADDRESS, MULTICALL3_ADDRESS, PERMIT2_ADDRESS, type AssetInfo } from "../x402/networks.ts";
+import { DEFAULT_NETWORK_POLICIES } from "../facilitator/network-policy.ts";
 import { compileDevnetContracts, devnetContract } from "./compile.ts";
 import { permit2DomainSeparator, permit2RuntimeBytecode } from "./permit2.ts";
 
@@ -61,6 +62,16 @@ export interface SetupDevnetChainOptions {
   payers: readonly DevnetPayer[];
   /** Token amount (base units) minted to each payer; default 1,000,000 whole tokens. */
   payerTokenAmount?: (asset: AssetInfo) => bigint;
+  /** OP Stack chains (Base): the L1 data fee the stand-in GasPriceOracle quotes for any transaction; default 1 gwei. */
+  l1DataFeeWei?: bigint;
+}
+
+/**
+ * Runtime code of a GasPriceOracle stand-in: answers every call (getL1Fee(bytes) included) with
+ * one 32-byte word, the fee. PUSH32 fee, PUSH1 0, MSTORE, PUSH1 32, PUSH1 0, RETURN.
+ */
+export function constantOracleCode(fee: bigint): Hex {
+  return `0x7f${fee.toString(16).padStart(64, "0")}60005260206000f3`;
 }
 
 /** Whether the devnet places the EIP-3009 stablecoin (else the plain Permit2-only token) at this asset. */
@@ -146,6 +157,7 @@ export async function setupDevnetChain(opts: SetupDevnetChainOptions): Promise<v
       ...canonical.map((c) => rpc("anvil_setCode", [c.address, c.code])),
       ...opts.assets.map((a) => rpc("anvil_setCode", [a.address, (usesStablecoin(a) ? stablecoin : plainToken).deployedBytecode])),
       ...[...funded].map((a) => rpc("anvil_setBalance", [a, numberToHex(DEFAULT_GAS_BALANCE)])),
+      ...opStackOracle(opts).map((o) => rpc("anvil_setCode", [o.address, o.code])),
     ]),
     Promise.all(senders.map((a) => rpc<Hex>("eth_getTransactionCount", [a, "pending"]))),
     rpc<{ baseFeePerGas?: Hex }>("eth_getBlockByNumber", ["latest", false]),
@@ -219,4 +231,10 @@ export async function setupDevnetChain(opts: SetupDevnetChainOptions): Promise<v
     throw new Error(`devnet setup: Permit2 DOMAIN_SEPARATOR() is ${separator}, expected ${expected} for chain ${opts.chainId}`);
   }
   await waitForReceipts(rpc, sent);
+}
+
+/** An OP Stack chain's GasPriceOracle stand-in (the facilitator quotes each transaction's L1 data fee there). */
+function opStackOracle(opts: SetupDevnetChainOptions): { address: Address; code: Hex }[] {
+  const model = DEFAULT_NETWORK_POLICIES[`eip155:${opts.chainId}`]?.dataFee;
+  return model?.kind === "op-l1-fee" ? [{ address: model.oracle, code: constantOracleCode(opts.l1DataFeeWei ?? 1_000_000_000n) }] : [];
 }

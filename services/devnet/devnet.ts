@@ -16,6 +16,9 @@ import { startDevnetWallets } from "./wallets.ts";
 import type { RoutingTable } from "../router/routing-table.ts";
 import { startAnvil, type AnvilNode } from "./anvil.ts";
 import { setupDevnetChain } from "./chain-setup.ts";
+import { devnetAssets } from "./devnet-assets.ts";
+import { startFeeFloorProxy, type FeeFloorProxy } from "./fee-floor-proxy.ts";
+import { resolveNetworkPolicy } from "../facilitator/network-policy.ts";
 
 /** anvil's well-known development mnemonic: these keys guard nothing outside a devnet. */
 export const DEVNET_MNEMONIC = "test test test test test test test test test test test junk";
@@ -36,7 +39,16 @@ export interface DevnetOptions {
   hub?: boolean;
   /** Start the wallet service (on the devnet's in-memory database, port+20); default true. */
   wallets?: boolean;
+  /**
+   * Mine blocks at each chain's block time and settle at its confirmation count (network-policy.ts).
+   * Default false: a block per transaction and one confirmation, so tests never wait for a clock.
+   * Base fees and minimum tips are each chain's either way.
+   */
+  blockTimes?: boolean;
 }
+
+/** Starting base fees of the devnet chains where anvil's default (1 gwei) is not the chain's: BSC has none, Arbitrum's floor is 0.01 gwei. */
+const DEVNET_BASE_FEE: Partial<Record<Caip2, bigint>> = { "eip155:56": 0n, "eip155:97": 0n, "eip155:42161": 10_000_000n };
 
 export interface DevnetNetwork {
   network: Caip2;
@@ -47,6 +59,10 @@ export interface DevnetNetwork {
   adminUrl: string;
   signers: Address[];
   assets: AssetInfo[];
+  /** What the facilitator talks to: the anvil itself, or the fee-floor proxy in front of it on chains with a minimum tip. */
+  facilitatorRpcUrl: string;
+  /** Blocks a settlement waits for on this devnet (1 without blockTimes). */
+  confirmations: number;
 }
 
 export interface DevnetInfo {
@@ -64,6 +80,8 @@ export interface DevnetInfo {
 export interface RunningDevnet {
   info: DevnetInfo;
   infoPath: string;
+  /** The fee-floor proxies by network (chains with a minimum tip): what they forwarded and refused. */
+  feeFloorProxies: Partial<Record<Caip2, FeeFloorProxy>>;
   stop(): Promise<void>;
 }
 
@@ -75,7 +93,8 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
   const selected = (opts.networks ?? NETWORKS.map((n) => n.network)).map((n) => {
     const info = networkInfo(n);
     if (!info) throw new Error(`unknown network ${n}; the devnet serves ${NETWORKS.map((x) => x.network).join(", ")}`);
-    return info;
+    // The devnet's own token list (real assets and devnet-only stand-ins), never the production table alone.
+    return { ...info, assets: devnetAssets(info.network) };
   });
 
   const payers = [
@@ -85,6 +104,7 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
   const receivers = [key(3)];
 
   const anvils: AnvilNode[] = [];
+  const proxies: Partial<Record<Caip2, FeeFloorProxy>> = {};
   let db: Database | undefined;
   const facilitators: RunningFacilitator[] = [];
   let router: RunningRouter | undefined;
@@ -95,6 +115,7 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
     await hub?.close().catch(() => undefined);
     await router?.close().catch(() => undefined);
     await Promise.all(facilitators.map((f) => f.close().catch(() => undefined)));
+    await Promise.all(Object.values(proxies).map((p) => p?.close()));
     await Promise.all(anvils.map((a) => a.stop()));
     await db?.close().catch(() => undefined);
   };
@@ -106,8 +127,13 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
     db = database;
     const networks = await Promise.all(
       selected.map(async (net, i) => {
-        const anvil = await startAnvil({ chainId: net.chainId });
+        // Each chain's rules as far as anvil allows: its base fee, its block time (opt-in), and its minimum tip (the proxy).
+        const policy = resolveNetworkPolicy(net.network);
+        const anvil = await startAnvil({ chainId: net.chainId, baseFeePerGas: DEVNET_BASE_FEE[net.network], blockTime: opts.blockTimes ? policy.blockTimeMs / 1000 : undefined });
         anvils.push(anvil);
+        const proxy = policy.minPriorityFeePerGasWei > 0n ? await startFeeFloorProxy({ upstream: anvil.rpcUrl, minPriorityFeePerGasWei: policy.minPriorityFeePerGasWei, host }) : undefined;
+        if (proxy) proxies[net.network] = proxy;
+        const confirmations = opts.blockTimes ? policy.confirmations : 1;
         const signer = key(10 + i);
         await setupDevnetChain({
           rpcUrl: anvil.rpcUrl,
@@ -120,16 +146,20 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
         await writeFile(keyFile, `${signer.privateKey}\n`, { mode: 0o600 });
         const config = resolveFacilitatorConfig({
           network: net.network,
-          rpcUrls: [anvil.rpcUrl],
+          rpcUrls: [proxy?.url ?? anvil.rpcUrl],
           signerKeyFile: keyFile,
           schemes: ["exact", "upto", "batch-settlement"],
+          // The facilitator accepts the devnet's tokens: the production table lacks the stand-ins.
+          assets: net.assets,
+          // Without block times anvil mines a block per transaction: deeper confirmations would wait for blocks that never come.
+          confirmations,
           host,
           port: routerPort === 0 ? 0 : routerPort + 101 + i,
           adminPort: routerPort === 0 ? 0 : routerPort + 301 + i, // 4321…: clear of common local services (NATS listens on 4222)
         });
         const facilitator = await startFacilitatorService(config, logger.child({ service: "facilitator" }), { db: database });
         facilitators.push(facilitator);
-        return { net, anvil, facilitator };
+        return { net, anvil, facilitator, facilitatorRpcUrl: proxy?.url ?? anvil.rpcUrl, confirmations };
       }),
     );
 
@@ -180,7 +210,7 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
       hubUrl: hub?.url ?? null,
       walletsUrl: wallets?.running.url ?? null,
       walletsApiKey: wallets?.apiKey ?? null,
-      networks: networks.map(({ net, anvil, facilitator }) => ({
+      networks: networks.map(({ net, anvil, facilitator, facilitatorRpcUrl, confirmations }) => ({
         network: net.network,
         chainId: net.chainId,
         rpcUrl: anvil.rpcUrl,
@@ -188,13 +218,15 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
         adminUrl: facilitator.adminUrl,
         signers: facilitator.signers as Address[],
         assets: net.assets,
+        facilitatorRpcUrl,
+        confirmations,
       })),
       payers,
       receivers,
     };
     const infoPath = join(stateDir, "devnet.json");
     await writeFile(infoPath, JSON.stringify(info, null, 2));
-    return { info, infoPath, stop };
+    return { info, infoPath, feeFloorProxies: proxies, stop };
   } catch (e) {
     await stop();
     throw e;

@@ -9,6 +9,7 @@ import { SCHEMES, type Scheme } from "../x402/wire.ts";
 import { DEFAULT_BASE_FEE_MULTIPLIER, parseGasCeilings, type TransactionKind } from "./settlement/gas-policy.ts";
 import { DEFAULT_RECEIPT_POLLING } from "./settlement/receipts.ts";
 import { DEFAULT_MAX_FEE_BUMPS } from "./settlement/reconciler.ts";
+import { defaultReceiptTimeoutMs, resolveNetworkPolicy, type NetworkPolicy } from "./network-policy.ts";
 
 export interface FacilitatorConfig {
   network: Caip2;
@@ -59,6 +60,8 @@ export interface FacilitatorConfig {
   receiverCredentialsFile?: string;
   /** When set, only these token contracts are accepted (checksummed). */
   allowedAssets?: `0x${string}`[];
+  /** The chain's fee, data-fee, finality and RPC rules: the network's defaults with the `policy` overrides. */
+  policy: NetworkPolicy;
 }
 
 const keyPattern = /^0x[0-9a-fA-F]{64}$/;
@@ -95,6 +98,7 @@ const fileSchema = z
     receiptTimeoutMs: z.number().int().positive(),
     rpcTimeoutMs: z.number().int().positive(),
     bodyLimit: z.number().int().positive(),
+    policy: z.record(z.unknown()),
     assets: z.array(
       z.object({
         symbol: z.string(),
@@ -102,12 +106,15 @@ const fileSchema = z
         decimals: z.number().int().min(0).max(36),
         eip712: z.object({ name: z.string(), version: z.string() }).optional(),
         transferMethods: z.array(z.enum(["eip3009", "permit2"])),
+        eip2612: z.boolean().optional(),
       }),
     ),
   })
   .partial();
 
-export type FacilitatorConfigInput = z.infer<typeof fileSchema> & { signerKeys?: string[] };
+export type FacilitatorConfigInput = z.infer<typeof fileSchema> & {
+  signerKeys?: string[];
+};
 
 /** Parses signer keys: one 0x-prefixed 32-byte hex key per line; blank lines and # comments ignored. */
 export function parseSignerKeys(text: string): `0x${string}`[] {
@@ -156,7 +163,16 @@ export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorCon
     receiptPollBudget: num(env.X402_RECEIPT_POLL_BUDGET),
     receiptTimeoutMs: env.X402_RECEIPT_TIMEOUT_MS ? Number(env.X402_RECEIPT_TIMEOUT_MS) : undefined,
     rpcTimeoutMs: env.X402_RPC_TIMEOUT_MS ? Number(env.X402_RPC_TIMEOUT_MS) : undefined,
+    policy: env.X402_POLICY ? parsePolicyEnv(env.X402_POLICY) : undefined,
   };
+}
+
+function parsePolicyEnv(text: string): Record<string, unknown> {
+  try {
+    return JSON.parse(text) as Record<string, unknown>;
+  } catch {
+    throw new Error("X402_POLICY: not a JSON object of network policy overrides (docs/networks.md)");
+  }
 }
 
 /** Merges layers (later wins, undefined skipped), validates, and loads the signer keys. */
@@ -183,6 +199,7 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
         : [];
   if (signerKeys.length === 0) throw new Error("facilitator config: no signer keys (--signer-key-file / X402_SIGNER_KEY_FILE, or X402_SIGNER_MNEMONIC_FILE with X402_SIGNER_COUNT)");
   const addresses = signerKeys.map((k) => privateKeyToAccount(k).address);
+  const policy = resolveNetworkPolicy(c.network, c.policy ?? {});
   const uptoFacilitatorAddress = c.uptoFacilitatorAddress ? getAddress(c.uptoFacilitatorAddress) : addresses[0]!;
   if (!addresses.includes(uptoFacilitatorAddress)) throw new Error(`facilitator config: uptoFacilitatorAddress ${uptoFacilitatorAddress} is not one of the signer keys`);
   let receiverAuthorizerKey: `0x${string}` | undefined;
@@ -198,7 +215,7 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
     schemes: c.schemes ?? [...SCHEMES],
     host: c.host ?? "127.0.0.1",
     port: c.port ?? 4021,
-    receiptTimeoutMs: c.receiptTimeoutMs ?? 15_000,
+    receiptTimeoutMs: c.receiptTimeoutMs ?? defaultReceiptTimeoutMs(policy),
     rpcTimeoutMs: c.rpcTimeoutMs ?? 10_000,
     bodyLimit: c.bodyLimit ?? 64 * 1024,
     adminPort: c.adminPort ?? (c.port === 0 ? 0 : 9421), // an ephemeral public port implies an ephemeral admin port
@@ -213,7 +230,7 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
     receiptPollBudget: c.receiptPollBudget ?? DEFAULT_RECEIPT_POLLING.maxCallsPerWait,
     databaseUrl: c.databaseUrl,
     dataDir: c.dataDir ?? `.data/facilitator-${c.network.slice("eip155:".length)}`,
-    confirmations: c.confirmations ?? 1,
+    confirmations: c.confirmations ?? policy.confirmations,
     maxFeePerGasWei: c.maxFeePerGasWei !== undefined ? BigInt(c.maxFeePerGasWei) : undefined,
     replaceAfterMs: c.replaceAfterMs ?? 15_000,
     uptoFacilitatorAddress,
@@ -221,6 +238,7 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
     receiverCredentialsFile: c.receiverCredentialsFile,
     allowedAssets: c.allowedAssets?.map((a) => getAddress(a)),
     assets: (c.assets as AssetInfo[] | undefined) ?? networkInfo(c.network)?.assets ?? [],
+    policy: c.confirmations !== undefined ? { ...policy, confirmations: c.confirmations } : policy,
   };
 }
 

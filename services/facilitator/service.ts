@@ -7,9 +7,11 @@ import { createContractApp } from "../platform/http.ts";
 import { createLogger, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
 import { describeDatabase, migrate, openDatabase, type Database } from "../platform/storage.ts";
-import { chainIdOf } from "../x402/networks.ts";
+import { chainIdOf, chainKind, networkInfo } from "../x402/networks.ts";
 import { watchBalances } from "./balances.ts";
-import { assertChainId, createChainClient, reportedChainId } from "./chain.ts";
+import { assertChainId, createChainClient, reportedChainId, type ChainClient } from "./chain.ts";
+import { SIGNER_NETWORK_MIGRATIONS, bindSignersToNetwork, refuseWellKnownKeys } from "./signer-networks.ts";
+import { minimumSignerBalance } from "./network-policy.ts";
 import type { FacilitatorConfig } from "./config.ts";
 import { createFacilitator, type Facilitator } from "./facilitator.ts";
 import { readReceiverCredentials } from "./receiver-auth.ts";
@@ -43,17 +45,34 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
   const log = logger.child({ network: config.network });
   const metrics = createMetrics("facilitator");
   const chain = createChainClient({ chainId: chainIdOf(config.network), rpcUrls: config.rpcUrls, metrics, rpcTimeoutMs: config.rpcTimeoutMs });
+  await assertNetworkKind(chain, config.network);
   await assertChainId(chain);
+  const served = networkInfo(config.network);
+  if (served && !served.testnet) {
+    const clientVersion = await chain.client.request({ method: "web3_clientVersion" }).catch(() => "");
+    refuseWellKnownKeys(served, config.signerKeys, String(clientVersion));
+  }
 
   const db = deps.db ?? (await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir }));
   await migrate(db, SETTLEMENT_MIGRATIONS);
+  await migrate(db, SIGNER_NETWORK_MIGRATIONS);
   const store = createSettlementStore(db, config.network, {
     onMined: (signer, gasWei) => metrics.gasSpent.inc({ network: config.network, signer }, Number(gasWei)),
     explainRevert: (row, _hash, minedAt) =>
       explainMinedRevert(chain, { from: row.signer, to: row.to_address, data: row.data, gas: BigInt(row.gas), blockNumber: minedAt?.blockNumber, kind: (row.kind ?? "other") as TransactionKind }),
   });
   const accounts = config.signerKeys.map((k) => privateKeyToAccount(k));
-  const gasPolicy = createGasPolicy({ ceilings: config.gasCeilings, defaultCeiling: config.defaultGasCeiling, maxFeePerGasWei: config.maxFeePerGasWei, baseFeeMultiplier: config.feeCapBaseFeeMultiplier });
+  // A key serves one network: refused when the store knows it from another one.
+  await bindSignersToNetwork(db, config.network, accounts.map((a) => a.address));
+  const policy = config.policy;
+  const gasPolicy = createGasPolicy({
+    ceilings: config.gasCeilings,
+    defaultCeiling: config.defaultGasCeiling,
+    maxFeePerGasWei: config.maxFeePerGasWei,
+    baseFeeMultiplier: config.feeCapBaseFeeMultiplier,
+    minPriorityFeePerGas: policy.minPriorityFeePerGasWei,
+    l1GasAllowance: policy.dataFee.kind === "l1-gas" ? policy.dataFee.gasAllowance : undefined,
+  });
   configureReceiptPolling(chain, { intervalMs: config.receiptPollMs, maxIntervalMs: config.receiptPollMaxMs, maxCallsPerWait: config.receiptPollBudget });
   const crashAt = process.env.X402_FAULT_CRASH_AT;
   const signer = createOutboxSigner({
@@ -69,13 +88,14 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     metrics,
     network: config.network,
     crashAt: crashAt && CRASH_POINTS.has(crashAt) ? (crashAt as "after_store" | "after_broadcast") : undefined,
+    dataFee: policy.dataFee,
   });
   const balances = watchBalances({
     chain,
     network: config.network,
     signers: accounts.map((a) => a.address),
     // Unset: what the costliest transaction a key may sign costs at the current fee cap.
-    minBalanceWei: config.minSignerBalanceWei ?? (async () => gasPolicy.largestCeiling() * (await signer.marketFees()).cap),
+    minBalanceWei: config.minSignerBalanceWei ?? (async () => minimumSignerBalance(gasPolicy.largestCeiling(), (await signer.marketFees()).cap, policy)),
     intervalMs: config.balanceRefreshMs,
     metrics,
   });
@@ -153,4 +173,16 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
       if (!deps.db) await db.close();
     },
   };
+}
+
+/** Testnets and mainnets never mix: a mainnet facilitator refuses an RPC on a testnet, and the reverse, in those words. */
+async function assertNetworkKind(chain: ChainClient, network: string): Promise<void> {
+  const served = networkInfo(network);
+  if (!served) return;
+  const reported = await reportedChainId(chain);
+  const kind = chainKind(reported);
+  const servedKind = served.testnet ? "testnet" : "mainnet";
+  if (reported !== served.chainId && kind !== "unknown" && kind !== servedKind) {
+    throw new Error(`RPC ${chain.endpoints.join(", ")} is on ${kind} eip155:${reported}, but this facilitator serves the ${servedKind} ${network}: testnets and mainnets never mix`);
+  }
 }

@@ -3,12 +3,12 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pino } from "pino";
-import { startDevnet, type RunningDevnet } from "../../services/devnet/devnet.ts";
+import { startDevnet, type DevnetOptions, type RunningDevnet } from "../../services/devnet/devnet.ts";
 import type { Caip2 } from "../../services/x402/networks.ts";
 
-export async function startTestDevnet(networks?: Caip2[]): Promise<RunningDevnet & { dir: string }> {
+export async function startTestDevnet(networks?: Caip2[], opts: Pick<DevnetOptions, "blockTimes" | "hub" | "wallets"> = {}): Promise<RunningDevnet & { dir: string }> {
   const dir = await mkdtemp(join(tmpdir(), "x402-devnet-"));
-  const devnet = await startDevnet({ networks, port: 0, stateDir: dir, logger: pino({ level: process.env.TEST_LOG_LEVEL ?? "silent" }) });
+  const devnet = await startDevnet({ networks, port: 0, stateDir: dir, logger: pino({ level: process.env.TEST_LOG_LEVEL ?? "silent" }), ...opts });
   return {
     ...devnet,
     dir,

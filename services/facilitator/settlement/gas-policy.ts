@@ -85,6 +85,22 @@ export interface GasPolicyOptions {
   maxFeePerGasWei?: bigint;
   /** Relative fee cap: maxFeePerGas <= multiplier x current base fee + tip. */
   baseFeeMultiplier: number;
+  /** The chain's tip floor (network-policy.ts): no transaction is signed with a lower tip. */
+  minPriorityFeePerGas?: bigint;
+  /** Arbitrum's poster fee is paid in L2 gas: every ceiling is raised by this allowance. */
+  l1GasAllowance?: bigint;
+}
+
+export class BelowFeeFloorError extends Error {
+  override name = "BelowFeeFloorError";
+  constructor(
+    readonly fees: Fees,
+    readonly floor: { baseFeePerGas: bigint; minPriorityFeePerGas: bigint },
+  ) {
+    super(
+      `the fee cap allows maxFeePerGas ${fees.maxFeePerGas} / tip ${fees.maxPriorityFeePerGas}, below the chain's floor (base fee ${floor.baseFeePerGas} + minimum tip ${floor.minPriorityFeePerGas}); the transaction was not signed`,
+    );
+  }
 }
 
 export class GasCeilingExceededError extends Error {
@@ -104,7 +120,11 @@ export interface Fees {
 }
 
 export function createGasPolicy(opts: GasPolicyOptions) {
-  const ceilings: Record<TransactionKind, bigint> = { ...DEFAULT_GAS_CEILINGS, ...(opts.defaultCeiling !== undefined ? { other: opts.defaultCeiling } : {}), ...opts.ceilings };
+  const configured: Record<TransactionKind, bigint> = { ...DEFAULT_GAS_CEILINGS, ...(opts.defaultCeiling !== undefined ? { other: opts.defaultCeiling } : {}), ...opts.ceilings };
+  // The L1 allowance applies to every kind but the plain nonce filler (a 21k self-transfer pays its poster fee too).
+  const allowance = opts.l1GasAllowance ?? 0n;
+  const ceilings = Object.fromEntries(Object.entries(configured).map(([kind, gas]) => [kind, gas + allowance])) as Record<TransactionKind, bigint>;
+  const minTip = opts.minPriorityFeePerGas ?? 0n;
   // Multiplier in thousandths, so the arithmetic stays in bigint.
   const k = BigInt(Math.round(opts.baseFeeMultiplier * 1000));
   return {
@@ -115,6 +135,14 @@ export function createGasPolicy(opts: GasPolicyOptions) {
     /** Throws (nothing is signed, no nonce is taken) when the gas is above the kind's ceiling. */
     checkGas(kind: TransactionKind, gas: bigint): void {
       if (gas > ceilings[kind]) throw new GasCeilingExceededError(kind, gas, ceilings[kind]);
+    },
+    /** The chain's tip floor. */
+    minPriorityFeePerGas: minTip,
+    /** The tip to offer: the market's, never under the chain's floor. */
+    tip: (market: bigint) => (market < minTip ? minTip : market),
+    /** Throws when fees (after the cap) are under the chain's tip floor (base fee + minimum tip): such a transaction is never signed. */
+    checkFloor(fees: Fees, baseFeePerGas: bigint): void {
+      if (minTip > 0n && (fees.maxPriorityFeePerGas < minTip || fees.maxFeePerGas < baseFeePerGas + minTip)) throw new BelowFeeFloorError(fees, { baseFeePerGas, minPriorityFeePerGas: minTip });
     },
     /** The highest maxFeePerGas we sign at, given the current base fee and tip. */
     feeCap(baseFeePerGas: bigint, tip: bigint): bigint {

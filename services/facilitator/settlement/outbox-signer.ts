@@ -8,6 +8,8 @@ import {
   encodeFunctionData,
   isAddressEqual,
   keccak256,
+  parseAbi,
+  serializeTransaction,
   recoverTypedDataAddress,
   type Abi,
   type Address,
@@ -21,7 +23,8 @@ import type { Metrics } from "../../platform/metrics.ts";
 import { noteRpcFailure, type ChainClient } from "../chain.ts";
 import { broadcastErrorLine, classifyBroadcastError, type BroadcastOutcome } from "./broadcast-errors.ts";
 import { settlementContext } from "./context.ts";
-import { DEFAULT_BASE_FEE_MULTIPLIER, GasCeilingExceededError, createGasPolicy, transactionKind, type Fees, type GasPolicy, type TransactionKind } from "./gas-policy.ts";
+import type { DataFeeModel } from "../network-policy.ts";
+import { BelowFeeFloorError, DEFAULT_BASE_FEE_MULTIPLIER, GasCeilingExceededError, createGasPolicy, transactionKind, type Fees, type GasPolicy, type TransactionKind } from "./gas-policy.ts";
 import { pollMined, sleep } from "./receipts.ts";
 import { cleanLine, explainCallFailure, failureCodeOf } from "./reverts.ts";
 import type { OutboxRow, SettlementStore } from "./store.ts";
@@ -45,7 +48,11 @@ export interface OutboxSignerOptions {
   pollIntervalMs?: number;
   /** Fault injection for crash-recovery tests: SIGKILL this process at that point. */
   crashAt?: "after_store" | "after_broadcast";
+  /** How the chain charges data (network-policy.ts); an OP Stack L1 fee above its bound is never signed. */
+  dataFee?: DataFeeModel;
 }
+
+const getL1FeeAbi = parseAbi(["function getL1Fee(bytes) view returns (uint256)"]);
 
 export class NoSignerAvailableError extends Error {
   override name = "NoSignerAvailableError";
@@ -60,6 +67,8 @@ export interface MarketFees extends Fees {
   baseFeePerGas: bigint;
   /** The highest maxFeePerGas signed right now (relative and absolute caps). */
   cap: bigint;
+  /** The capped fees are under the chain's floor (base fee + minimum tip): nothing is signed at them. */
+  belowFloor?: boolean;
 }
 
 export type SendOutcome = "sent" | BroadcastOutcome;
@@ -135,10 +144,15 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       const value = (async () => {
         const block = await client.getBlock({ blockTag: "latest" });
         const baseFeePerGas = block.baseFeePerGas ?? 0n;
-        const tip = await client.estimateMaxPriorityFeePerGas({ block } as never);
+        // The market's tip, never under the chain's floor (Polygon's 25 gwei, BSC's minimum gas price).
+        const tip = policy.tip(await client.estimateMaxPriorityFeePerGas({ block } as never));
         const cap = policy.feeCap(baseFeePerGas, tip);
         // viem's default: 1.2 x base fee + tip leaves room for base-fee rises over a few blocks.
-        return { baseFeePerGas, cap, ...policy.clamp({ maxFeePerGas: (baseFeePerGas * 12n) / 10n + tip, maxPriorityFeePerGas: tip }, cap) };
+        const fees = policy.clamp({ maxFeePerGas: (baseFeePerGas * 12n) / 10n + tip, maxPriorityFeePerGas: tip }, cap);
+        // A cap under the chain's tip floor: fees its nodes refuse by rule. Flagged, and never signed.
+        // (Without a floor, a cap under a spiking base fee is the node's call: refused, the nonce reused.)
+        const belowFloor = policy.minPriorityFeePerGas > 0n && (fees.maxPriorityFeePerGas < policy.minPriorityFeePerGas || fees.maxFeePerGas < baseFeePerGas + policy.minPriorityFeePerGas);
+        return { baseFeePerGas, cap, belowFloor, ...fees };
       })();
       feeCache = { at: Date.now(), value };
       value.catch(() => (feeCache = undefined));
@@ -191,7 +205,8 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     const fee = await marketFees().catch(() => ({ maxFeePerGas: BigInt(row.max_fee_per_gas), maxPriorityFeePerGas: BigInt(row.max_priority_fee_per_gas) }));
     const filler = { maxFeePerGas: fee.maxFeePerGas, maxPriorityFeePerGas: fee.maxPriorityFeePerGas };
     const retired = await opts.store.retire(row.id, reason, error, async (nonce) => ({
-      ...(await sign(account, { to: account.address, data: "0x", gas: 21_000n, nonce, ...filler })),
+      // 21k, plus Arbitrum's poster-gas allowance (a bare 21k is refused there).
+      ...(await sign(account, { to: account.address, data: "0x", gas: policy.ceiling("nonce_filler"), nonce, ...filler })),
       ...filler,
     }));
     if (!retired) return;
@@ -208,6 +223,27 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   async function skipForeignNonce(row: OutboxRow, reason: BroadcastOutcome): Promise<void> {
     await opts.store.markDropped(row.id, "nonce used outside the fleet", reason);
     await opts.store.advanceNonce(row.signer, await client.getTransactionCount({ address: row.signer, blockTag: "pending" }));
+  }
+
+  /**
+   * OP Stack: the L1 data fee comes out of the key's balance on top of gas x price. Quoted by the
+   * chain's GasPriceOracle for this very transaction; above the bound (or unquotable) it is not signed.
+   */
+  async function checkDataFee(kind: TransactionKind, args: { to: Address; data: Hex }, gas: bigint, fee: Fees): Promise<void> {
+    const model = opts.dataFee;
+    if (model?.kind !== "op-l1-fee") return;
+    const unsigned = serializeTransaction({ chainId: chain.id, type: "eip1559", to: args.to, data: args.data, gas, nonce: 0, maxFeePerGas: fee.maxFeePerGas, maxPriorityFeePerGas: fee.maxPriorityFeePerGas });
+    let quote: bigint;
+    try {
+      quote = await client.readContract({ address: model.oracle, abi: getL1FeeAbi, functionName: "getL1Fee", args: [unsigned] });
+    } catch (e) {
+      noteRpcFailure(e);
+      fail(kind, undefined, `the L1 data fee of the ${kind} transaction could not be quoted (GasPriceOracle ${model.oracle}); it was not signed`);
+    }
+    if (quote > model.maxFeeWei) {
+      opts.logger.warn({ kind, l1Fee: quote.toString(), bound: model.maxFeeWei.toString() }, "L1 data fee above its bound: not signed");
+      fail(kind, undefined, `the ${kind} transaction's L1 data fee of ${quote} wei is above the bound of ${model.maxFeeWei}; it was not signed`);
+    }
   }
 
   async function sendTransaction(args: { to: Address; data: Hex; gas?: bigint }): Promise<Hex> {
@@ -228,6 +264,13 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
           }),
         marketFees(),
       ]);
+      if (fee.belowFloor) {
+        // The chain's nodes would refuse it (Polygon's minimum tip, BSC's gas-price floor): never signed, never sent.
+        const e = new BelowFeeFloorError(fee, { baseFeePerGas: fee.baseFeePerGas, minPriorityFeePerGas: policy.minPriorityFeePerGas });
+        opts.logger.warn({ signer: account.address, kind, maxFeePerGas: fee.maxFeePerGas.toString(), tip: fee.maxPriorityFeePerGas.toString(), floor: policy.minPriorityFeePerGas.toString() }, "fee cap below the chain's floor: not signed");
+        fail(kind, undefined, e.message);
+      }
+      await checkDataFee(kind, args, args.gas ?? estimate, fee);
       try {
         policy.checkGas(kind, estimate);
       } catch (e) {

@@ -110,6 +110,8 @@ export function startReconciler(opts: ReconcilerOptions) {
     const bumps = tx.hashes.length - 1;
     if (bumps >= maxBumps) return waitAtLimit(tx, "bumps");
     const market = await signer.marketFees();
+    // The cap no longer reaches the chain's floor (base fee + minimum tip): the chain would refuse any replacement.
+    if (market.belowFloor) return waitAtLimit(tx, "fee_cap");
     // A repricing of a refused transaction needs only the market; a replacement must outbid its predecessor.
     const floor = reprice ? { maxFeePerGas: 0n, maxPriorityFeePerGas: 0n } : { maxFeePerGas: bump(BigInt(tx.max_fee_per_gas)), maxPriorityFeePerGas: bump(BigInt(tx.max_priority_fee_per_gas)) };
     const maxFeePerGas = max(floor.maxFeePerGas, market.maxFeePerGas);
