@@ -6,7 +6,7 @@ import { mnemonicToAccount, privateKeyToAccount } from "viem/accounts";
 import { z } from "zod";
 import { CAIP2_PATTERN, networkInfo, type AssetInfo, type Caip2 } from "../x402/networks.ts";
 import { SCHEMES, type Scheme } from "../x402/wire.ts";
-import { DEFAULT_BASE_FEE_MULTIPLIER, parseGasCeilings, type TransactionKind } from "./settlement/gas-policy.ts";
+import { DEFAULT_BASE_FEE_MULTIPLIER, createGasPolicy, parseGasCeilings, type GasPolicy, type TransactionKind } from "./settlement/gas-policy.ts";
 import { DEFAULT_RECEIPT_POLLING } from "./settlement/receipts.ts";
 import { DEFAULT_MAX_FEE_BUMPS } from "./settlement/reconciler.ts";
 import { defaultReceiptTimeoutMs, resolveNetworkPolicy, type NetworkPolicy } from "./network-policy.ts";
@@ -258,4 +258,17 @@ function readKeyFile(path: string): string {
   } catch (e) {
     throw new Error(`cannot read signer key file ${path}: ${(e as NodeJS.ErrnoException).code ?? "error"}`);
   }
+}
+
+/** What a key may sign under this configuration: ceilings, fee caps and the chain's floors (one place for the service and doctor). */
+export function gasPolicyOf(config: FacilitatorConfig): GasPolicy {
+  const { policy } = config;
+  return createGasPolicy({
+    ceilings: config.gasCeilings,
+    defaultCeiling: config.defaultGasCeiling,
+    maxFeePerGasWei: config.maxFeePerGasWei,
+    baseFeeMultiplier: config.feeCapBaseFeeMultiplier,
+    minPriorityFeePerGas: policy.minPriorityFeePerGasWei,
+    l1GasAllowance: policy.dataFee.kind === "l1-gas" ? policy.dataFee.gasAllowance : undefined,
+  });
 }

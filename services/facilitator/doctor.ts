@@ -10,9 +10,9 @@ import { x402UptoPermit2ProxyAddress } from "@x402/evm";
 import { endpointName } from "../platform/logger.ts";
 import { EXACT_PERMIT2_PROXY_ADDRESS, MULTICALL3_ADDRESS, PERMIT2_ADDRESS, chainIdOf, chainKind, networkInfo, type AssetInfo } from "../x402/networks.ts";
 import type { RoutingTable } from "../router/routing-table.ts";
-import type { FacilitatorConfig } from "./config.ts";
+import { gasPolicyOf, type FacilitatorConfig } from "./config.ts";
 import { maxHeadLagBlocks, minimumSignerBalance } from "./network-policy.ts";
-import { BATCH_SETTLEMENT_CONTRACT, createGasPolicy } from "./settlement/gas-policy.ts";
+import { BATCH_SETTLEMENT_CONTRACT } from "./settlement/gas-policy.ts";
 
 export interface DoctorFinding {
   /** What was checked: rpc, contracts, asset, signer, routing. */
@@ -114,14 +114,7 @@ export async function runDoctor(opts: DoctorOptions): Promise<DoctorReport> {
   );
 
   // 4. Fees and signers: balances cover the costliest transaction at the fee cap; no nonce gap.
-  const gasPolicy = createGasPolicy({
-    ceilings: config.gasCeilings,
-    defaultCeiling: config.defaultGasCeiling,
-    maxFeePerGasWei: config.maxFeePerGasWei,
-    baseFeeMultiplier: config.feeCapBaseFeeMultiplier,
-    minPriorityFeePerGas: policy.minPriorityFeePerGasWei,
-    l1GasAllowance: policy.dataFee.kind === "l1-gas" ? policy.dataFee.gasAllowance : undefined,
-  });
+  const gasPolicy = gasPolicyOf(config);
   let minimum = config.minSignerBalanceWei;
   try {
     const block = await client.getBlock({ blockTag: "latest" });

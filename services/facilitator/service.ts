@@ -12,11 +12,11 @@ import { watchBalances } from "./balances.ts";
 import { assertChainId, createChainClient, reportedChainId, type ChainClient } from "./chain.ts";
 import { SIGNER_NETWORK_MIGRATIONS, bindSignersToNetwork, refuseWellKnownKeys } from "./signer-networks.ts";
 import { minimumSignerBalance } from "./network-policy.ts";
-import type { FacilitatorConfig } from "./config.ts";
+import { gasPolicyOf, type FacilitatorConfig } from "./config.ts";
 import { createFacilitator, type Facilitator } from "./facilitator.ts";
 import { readReceiverCredentials } from "./receiver-auth.ts";
 import { createSettlementCoordinator } from "./settlement/coordinator.ts";
-import { createGasPolicy, type TransactionKind } from "./settlement/gas-policy.ts";
+import type { TransactionKind } from "./settlement/gas-policy.ts";
 import { createOutboxSigner, type OutboxSigner } from "./settlement/outbox-signer.ts";
 import { configureReceiptPolling } from "./settlement/receipts.ts";
 import { startReconciler } from "./settlement/reconciler.ts";
@@ -65,14 +65,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
   // A key serves one network: refused when the store knows it from another one.
   await bindSignersToNetwork(db, config.network, accounts.map((a) => a.address));
   const policy = config.policy;
-  const gasPolicy = createGasPolicy({
-    ceilings: config.gasCeilings,
-    defaultCeiling: config.defaultGasCeiling,
-    maxFeePerGasWei: config.maxFeePerGasWei,
-    baseFeeMultiplier: config.feeCapBaseFeeMultiplier,
-    minPriorityFeePerGas: policy.minPriorityFeePerGasWei,
-    l1GasAllowance: policy.dataFee.kind === "l1-gas" ? policy.dataFee.gasAllowance : undefined,
-  });
+  const gasPolicy = gasPolicyOf(config);
   configureReceiptPolling(chain, { intervalMs: config.receiptPollMs, maxIntervalMs: config.receiptPollMaxMs, maxCallsPerWait: config.receiptPollBudget });
   const crashAt = process.env.X402_FAULT_CRASH_AT;
   const signer = createOutboxSigner({
