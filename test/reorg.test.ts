@@ -2,7 +2,8 @@
 // the canonical chain (anvil_reorg), the reconciler re-sends the very bytes that were mined (same
 // hash, same nonce), counts it and the payee ends up paid; the key's next settlement works.
 import { afterEach, describe, expect, it } from "vitest";
-import type { Address, Hex } from "viem";
+import { encodeFunctionData, erc20Abi, parseGwei, type Address, type Hex } from "viem";
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { ENGINES, startRig, type Rig } from "./helpers/settlement-rig.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { postJson } from "./helpers/payments.ts";
@@ -40,11 +41,57 @@ describe.each(ENGINES)("reorgs (%s store)", (engine) => {
     expect(resent.from).toBe(raw.from);
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(500n);
     expect(await metricSum(f.adminUrl, "x402_settlement_reorged_total")).toBe(1);
+    // Mined twice, paid once on the canonical chain: gas is counted at the first mining only.
+    expect(await metricSum(f.adminUrl, "x402_settlement_gas_spent_wei")).toBe(Number(mined.gasUsed * mined.effectiveGasPrice));
     // The recorded answer still names the transaction on chain.
     const retry = (await postJson(`${f.url}/settle`, { ...(await rig.payment(1n)), ...{} })).json;
     expect(retry).toMatchObject({ success: true });
     expect((await client.getTransaction({ hash: retry.transaction as Hex })).nonce).toBe(raw.nonce + 1);
     expect(await nonceOf(rig.anvil.rpcUrl, signer)).toBe(raw.nonce + 2);
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(501n);
+  });
+
+  it("a success whose transaction, mined again after a reorg, reverts is corrected to a failure; gas is counted once", async () => {
+    rig = await startRig({ engine });
+    const f = await rig.facilitator();
+    const client = publicClient(rig.anvil.rpcUrl);
+    const body = await rig.payment(700n);
+    const answer = (await postJson(`${f.url}/settle`, body)).json;
+    expect(answer).toMatchObject({ success: true });
+    const hash = answer.transaction as Hex;
+    const mined = await client.getTransactionReceipt({ hash });
+    expect(await metricSum(f.adminUrl, "x402_settlement_gas_spent_wei")).toBe(Number(mined.gasUsed * mined.effectiveGasPrice));
+
+    // The new chain has the payer spend its whole balance first: the very same settlement bytes,
+    // sent again by the reconciler, revert there. The payee was paid on the old chain only.
+    const payer = privateKeyToAccount(rig.payerKey);
+    // Its balance on the new chain, where the 700 never left it.
+    const balance = (await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, payer.address)) + 700n;
+    await rpc(rig.anvil.rpcUrl, "anvil_setBalance", [payer.address, "0xde0b6b3a7640000"]);
+    const drain = await payer.signTransaction({
+      chainId: rig.chainId,
+      type: "eip1559",
+      nonce: await client.getTransactionCount({ address: payer.address }),
+      to: rig.usdc.address,
+      data: encodeFunctionData({ abi: erc20Abi, functionName: "transfer", args: [privateKeyToAccount(generatePrivateKey()).address, balance] }),
+      gas: 100_000n,
+      maxFeePerGas: parseGwei("500"),
+      maxPriorityFeePerGas: parseGwei("1"),
+    });
+    await rpc(rig.anvil.rpcUrl, "anvil_reorg", [1, [[drain, 0]]]);
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, payer.address)).toBe(0n);
+
+    const again = await eventually(() => client.getTransactionReceipt({ hash }).catch(() => undefined), 100, 200);
+    expect(again.status).toBe("reverted");
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(0n);
+    // The record follows the canonical chain: the same payment asked again is a failure now.
+    const retry = await eventually(async () => {
+      const r = (await postJson(`${f.url}/settle`, body)).json;
+      return r.success === false ? r : undefined;
+    }, 50, 200);
+    expect(retry).toMatchObject({ success: false, transaction: hash });
+    expect(await metricSum(f.adminUrl, "x402_settlement_reversed_total")).toBe(1);
+    // The bytes mined twice are one payment of gas on the canonical chain, counted once.
+    expect(await metricSum(f.adminUrl, "x402_settlement_gas_spent_wei")).toBe(Number(mined.gasUsed * mined.effectiveGasPrice));
   });
 });

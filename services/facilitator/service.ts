@@ -58,6 +58,10 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
   await migrate(db, SIGNER_NETWORK_MIGRATIONS);
   const store = createSettlementStore(db, config.network, {
     onMined: (signer, gasWei) => metrics.gasSpent.inc({ network: config.network, signer }, Number(gasWei)),
+    onReversed: (paymentId) => {
+      metrics.reversed.inc({ network: config.network });
+      log.error({ paymentId }, "a settlement answered as successful reverted after a reorg; its record now says failed");
+    },
     explainRevert: (row, _hash, minedAt) =>
       explainMinedRevert(chain, { from: row.signer, to: row.to_address, data: row.data, gas: BigInt(row.gas), blockNumber: minedAt?.blockNumber, kind: (row.kind ?? "other") as TransactionKind }),
   });

@@ -28,6 +28,7 @@ export function createMetrics(service: string) {
     pendingAge: new Gauge({ name: "x402_settlement_pending_age_seconds", help: "Age of the oldest settlement not yet final", labelNames: ["network"], ...r }),
     gasSpent: new Counter({ name: "x402_settlement_gas_spent_wei", help: "Gas fees paid by facilitator signers", labelNames: ["network", "signer"], ...r }),
     reorged: new Counter({ name: "x402_settlement_reorged_total", help: "Mined settlement transactions that left the canonical chain and were sent again", labelNames: ["network"], ...r }),
+    reversed: new Counter({ name: "x402_settlement_reversed_total", help: "Recorded successes whose transaction, mined again after a reorg, reverted: the record now says failed", labelNames: ["network"], ...r }),
     broadcastRejected: new Counter({ name: "x402_settlement_broadcast_rejected_total", help: "Broadcasts the node refused, by classified reason", labelNames: ["network", "reason"], ...r }),
     gasCeilingRefused: new Counter({ name: "x402_settlement_gas_ceiling_refused_total", help: "Transactions never signed because their gas was above their kind's ceiling", labelNames: ["network", "kind"], ...r }),
     replacementCapped: new Counter({ name: "x402_settlement_replacement_capped_total", help: "Fee replacements not made because the bump limit or fee cap was reached (the transaction waits)", labelNames: ["network", "limit"], ...r }),

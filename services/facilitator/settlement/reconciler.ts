@@ -36,6 +36,13 @@ const max = (a: bigint, b: bigint) => (a > b ? a : b);
 
 export const DEFAULT_MAX_FEE_BUMPS = 5;
 
+/**
+ * Blocks (past the confirmations) a nonce the node calls used must stay without a receipt of ours
+ * before the transaction is given up: behind a load balancer, the node that refuses a re-send may
+ * be ahead of the one that answers receipt lookups, and the nonce may be taken by our own attempt.
+ */
+export const NONCE_TAKEN_GRACE_BLOCKS = 3n;
+
 export function startReconciler(opts: ReconcilerOptions) {
   const { store, signer, chain, network, logger } = opts;
   const broadcastAfter = (opts.broadcastAfterMs ?? 2000) / 1000;
@@ -43,6 +50,8 @@ export function startReconciler(opts: ReconcilerOptions) {
   const maxBumps = opts.maxFeeBumps ?? DEFAULT_MAX_FEE_BUMPS;
   // Rows already reported as waiting at a limit: say it once per row, not once per pass.
   const waitingAtLimit = new Set<string>();
+  // Rows whose nonce a node called used, with the head when that was first seen.
+  const nonceTakenAt = new Map<string, bigint>();
   let running: Promise<void> | undefined;
   let stopped = false;
 
@@ -63,6 +72,7 @@ export function startReconciler(opts: ReconcilerOptions) {
     if (mined) {
       const { receipt } = mined;
       waitingAtLimit.delete(tx.id);
+      nonceTakenAt.delete(tx.id);
       await store.recordMined(tx.payment_id, tx.id, mined.hash, receipt.status === "success", receipt.gasUsed * receipt.effectiveGasPrice, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });
       return;
     }
@@ -92,12 +102,20 @@ export function startReconciler(opts: ReconcilerOptions) {
         if (!waitingAtLimit.has(tx.id)) logger.warn({ signer: tx.signer, nonce: tx.nonce }, "the key cannot pay this transaction; it is sent once the key is funded");
         waitingAtLimit.add(tx.id);
         return;
-      case "nonce_too_low":
-        // Another transaction of the key (sent outside the fleet) took the nonce: no gap to fill.
+      case "nonce_too_low": {
+        // Ours, mined where this node cannot see it yet, or another transaction of the key (sent
+        // outside the fleet): only the chain moving on without a receipt of ours tells them apart.
+        const head = await chain.client.getBlockNumber({ cacheTime: 0 });
+        const seen = nonceTakenAt.get(tx.id);
+        if (seen === undefined) nonceTakenAt.set(tx.id, head);
+        if (seen === undefined || head < seen + BigInt(opts.confirmations) + NONCE_TAKEN_GRACE_BLOCKS) return;
+        if (await findMined(chain, tx.hashes, 1)) return; // mined after all: the next pass records it
+        nonceTakenAt.delete(tx.id);
         await store.markDropped(tx.id, "nonce used outside the fleet", outcome);
         await store.advanceNonce(tx.signer, await chain.client.getTransactionCount({ address: tx.signer, blockTag: "pending" }));
         if (!filler) await store.recordRejected(tx.payment_id, outcome);
         return;
+      }
       default:
         if (filler) return; // a zero-value self-transfer refused for good cannot be fixed by another one: keep trying
         await signer.retire(tx, outcome, outcome);

@@ -179,8 +179,10 @@ export type RetiredNonce = { reused: true } | { reused: false; filler: OutboxRow
 export const NONCE_FILLER_PAYMENT = "nonce-filler";
 
 export interface SettlementStoreHooks {
-  /** Called once per transaction, by whichever process records it mined first (gas accounting). */
+  /** Called once per transaction, by whichever process records it mined first (gas accounting); a reorged transaction mined again is not counted twice. */
   onMined?(signer: string, gasWei: bigint): void;
+  /** A recorded success that the canonical chain no longer holds (reorged, then reverted): the record is corrected. */
+  onReversed?(paymentId: string): void;
   /** Decodes why a mined transaction reverted (before it is recorded, so every answer carries it). */
   explainRevert?(row: OutboxRow, minedHash: string, minedAt?: MinedAt): Promise<{ code: string; message: string } | undefined>;
 }
@@ -254,6 +256,21 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
          WHERE network = $1 AND payment_id = $2 AND state NOT IN ('succeeded', 'failed') AND ($5::text IS NULL OR owner = $5)`,
         [network, paymentId, state, JSON.stringify(response), owner ?? null],
       );
+    },
+
+    /**
+     * The one write that may change a final state: the outcome of a transaction mined again after
+     * a reorg is what the canonical chain says, whatever was recorded before. True when a recorded
+     * success became a failure.
+     */
+    async correct(paymentId: string, state: "succeeded" | "failed", response: Record<string, unknown>): Promise<boolean> {
+      const [row] = await db.query<{ before: PaymentState }>(
+        `UPDATE settlement_payments p SET state = $3, response = $4, lease_until = NULL, updated_at = now()
+         FROM (SELECT state FROM settlement_payments WHERE network = $1 AND payment_id = $2 FOR UPDATE) old
+         WHERE p.network = $1 AND p.payment_id = $2 RETURNING old.state AS before`,
+        [network, paymentId, state, JSON.stringify(response)],
+      );
+      return row?.before === "succeeded" && state === "failed";
     },
 
     /** Forgets a claim that produced no transaction (a payment-level refusal): a later retry may try again. Only its owner's. */
@@ -341,38 +358,40 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
 
     /** Records a mined transaction as the outcome of its payment (and of the outbox row). */
     async recordMined(paymentId: string, txId: string, minedHash: string, success: boolean, gasWei?: bigint, minedAt?: MinedAt): Promise<void> {
-      await this.markMined(txId, minedHash, success, gasWei, minedAt);
+      const mined = await this.markMined(txId, minedHash, success, gasWei, minedAt);
       const payment = await this.payment(paymentId);
       if (!payment) return;
       const base = { transaction: minedHash, network, ...(payment.payer ? { payer: payment.payer } : {}) };
       const [why] = success ? [] : await db.query<{ revert_reason: string | null; revert_message: string | null }>(`SELECT revert_reason, revert_message FROM settlement_outbox WHERE id = $1`, [txId]);
-      await this.record(
-        paymentId,
-        success ? "succeeded" : "failed",
-        success
-          ? { success: true, ...base, ...payment.success_extra }
-          : { success: false, errorReason: why?.revert_reason ?? "invalid_transaction_state", errorMessage: why?.revert_message ?? "the settlement transaction reverted", ...base },
-      );
+      const state = success ? "succeeded" : "failed";
+      const response = success
+        ? { success: true, ...base, ...payment.success_extra }
+        : { success: false, errorReason: why?.revert_reason ?? "invalid_transaction_state", errorMessage: why?.revert_message ?? "the settlement transaction reverted", ...base };
+      if (mined.reorged) {
+        if (await this.correct(paymentId, state, response)) hooks.onReversed?.(paymentId);
+      } else await this.record(paymentId, state, response);
     },
 
     /**
      * Marks a transaction mined; true for the one caller that changed it (others saw it done). A
      * revert is explained first, so whichever process records the payment finds the reason.
      */
-    async markMined(id: string, minedHash: string, success: boolean, gasWei?: bigint, minedAt?: MinedAt): Promise<boolean> {
+    async markMined(id: string, minedHash: string, success: boolean, gasWei?: bigint, minedAt?: MinedAt): Promise<{ changed: boolean; reorged: boolean }> {
       let why: { code: string; message: string } | undefined;
       if (!success && hooks.explainRevert) {
         const [row] = await db.query<OutboxRow>(`SELECT ${OUTBOX_COLUMNS} FROM settlement_outbox WHERE id = $1 AND state IN ('signed', 'broadcast')`, [id]);
         if (row) why = await hooks.explainRevert(row, minedHash, minedAt).catch(() => undefined);
       }
-      const rows = await db.query<{ signer: string }>(
+      const rows = await db.query<{ signer: string; reorged: boolean }>(
         `UPDATE settlement_outbox SET state = $2, mined_hash = $3, mined_block_number = $4::bigint, mined_block_hash = $5::text, watched = $4::bigint IS NOT NULL,
            revert_reason = $6::text, revert_message = $7::text, updated_at = now()
-         WHERE id = $1 AND state IN ('signed', 'broadcast') RETURNING signer`,
+         WHERE id = $1 AND state IN ('signed', 'broadcast') RETURNING signer, reorged_at IS NOT NULL AS reorged`,
         [id, success ? "confirmed" : "reverted", minedHash, minedAt?.blockNumber.toString() ?? null, minedAt?.blockHash ?? null, why?.code ?? null, why?.message ?? null],
       );
-      if (rows[0] && gasWei !== undefined) hooks.onMined?.(rows[0].signer, gasWei);
-      return rows.length > 0;
+      const row = rows[0];
+      // Gas is counted at the first mining only: the same bytes mined again after a reorg paid once on the canonical chain.
+      if (row && !row.reorged && gasWei !== undefined) hooks.onMined?.(row.signer, gasWei);
+      return { changed: !!row, reorged: !!row?.reorged };
     },
 
     async markDropped(id: string, error: string, reason?: string): Promise<void> {
