@@ -153,6 +153,8 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
           assets: net.assets,
           // Without block times anvil mines a block per transaction: deeper confirmations would wait for blocks that never come.
           confirmations,
+          // anvil serves eth_sendRawTransactionSync (EIP-7966): a settlement and its receipt in one round trip.
+          policy: { sendRawTransactionSync: true },
           host,
           port: routerPort === 0 ? 0 : routerPort + 101 + i,
           adminPort: routerPort === 0 ? 0 : routerPort + 301 + i, // 4321…: clear of common local services (NATS listens on 4222)

@@ -86,6 +86,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     network: config.network,
     crashAt: crashAt && CRASH_POINTS.has(crashAt) ? (crashAt as "after_store" | "after_broadcast") : undefined,
     dataFee: policy.dataFee,
+    syncSend: policy.sendRawTransactionSync,
   });
   const balances = watchBalances({
     chain,

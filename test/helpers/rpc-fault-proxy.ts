@@ -12,7 +12,8 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { Socket } from "node:net";
 
 export const FAULT_KINDS = ["http_429", "http_429_retry_after", "http_500", "http_502", "http_503", "timeout", "malformed_json", "truncated", "rpc_error", "drop"] as const;
-export type FaultKind = (typeof FAULT_KINDS)[number];
+/** Drawn at random: FAULT_KINDS; by schedule only: also a node that does not know the method. */
+export type FaultKind = (typeof FAULT_KINDS)[number] | "method_not_found";
 
 export interface FaultPlan {
   /** Probability (0..1) that an eligible request is faulted. */
@@ -63,7 +64,7 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
   const random = prng(seed);
   let plan: FaultPlan = opts.plan ?? {};
   const holdMs = opts.holdMs ?? 5000;
-  const injected = Object.fromEntries(FAULT_KINDS.map((k) => [k, 0])) as Record<FaultKind, number>;
+  const injected = Object.fromEntries([...FAULT_KINDS, "method_not_found"].map((k) => [k, 0])) as Record<FaultKind, number>;
   const injectedByMethod: Record<string, Partial<Record<FaultKind, number>>> = {};
   const calls: Record<string, number> = {};
   const scheduled: Record<string, number> = {};
@@ -144,6 +145,9 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
       case "http_502":
       case "http_503":
         return send(res, Number(fault.slice(5)), "<html><body>upstream error</body></html>", { "content-type": "text/html" });
+      case "method_not_found":
+        // A node that does not know the method (JSON-RPC -32601), e.g. an optional extension.
+        return send(res, 200, JSON.stringify(batch ? list.map((c) => ({ jsonrpc: "2.0", id: c.id ?? null, error: { code: -32601, message: "Method not found" } })) : { jsonrpc: "2.0", id: list[0]?.id ?? null, error: { code: -32601, message: "Method not found" } }));
       case "rpc_error":
         // A batch with only some eligible calls: the others are answered by the node.
         return send(res, 200, rpcErrors(list, batch, batch ? faulted : () => true, batch && list.some((c) => !faulted(c)) ? (await forward(body)).text : undefined));

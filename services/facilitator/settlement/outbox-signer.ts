@@ -15,8 +15,10 @@ import {
   type Address,
   type Hex,
   type PrivateKeyAccount,
+  type TransactionReceipt,
   type TypedDataDefinition,
 } from "viem";
+import { sendRawTransactionSync } from "viem/actions";
 import type { FacilitatorEvmSigner } from "@x402/evm";
 import type { Logger } from "../../platform/logger.ts";
 import type { Metrics } from "../../platform/metrics.ts";
@@ -50,7 +52,18 @@ export interface OutboxSignerOptions {
   crashAt?: "after_store" | "after_broadcast";
   /** How the chain charges data (network-policy.ts); an OP Stack L1 fee above its bound is never signed. */
   dataFee?: DataFeeModel;
+  /**
+   * Send settlements with eth_sendRawTransactionSync (EIP-7966): the receipt comes in the send's
+   * answer, one round trip instead of a send and receipt polls. An endpoint that does not know the
+   * method gets the plain send (asked again after a while). The node holds the call for its own
+   * timeout (nodes differ in how they read the optional timeout parameter, so none is sent); past
+   * it, or past ours, the transaction is in the pool and the receipt wait polls for it.
+   */
+  syncSend?: boolean;
 }
+
+/** How long an endpoint that did not know eth_sendRawTransactionSync is not asked again. */
+const SYNC_REPROBE_MS = 10 * 60_000;
 
 const getL1FeeAbi = parseAbi(["function getL1Fee(bytes) view returns (uint256)"]);
 
@@ -90,6 +103,12 @@ export interface OutboxSigner extends FacilitatorEvmSigner {
   account(address: string): PrivateKeyAccount | undefined;
 }
 
+/** The JSON-RPC error code anywhere in a viem error's cause chain. */
+function rpcErrorCode(e: unknown): number | undefined {
+  for (let c = e as { code?: unknown; cause?: unknown } | undefined, i = 0; c && i < 8; c = c.cause as typeof c, i++) if (typeof c.code === "number") return c.code;
+  return undefined;
+}
+
 const message = (e: unknown) => String((e as Error)?.message ?? e).split("\n")[0]!.replace(/https?:\/\/\S+/g, "<rpc>");
 
 /** Outcomes that say nothing about the transaction: the node was not reached. */
@@ -113,6 +132,9 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   // Account classification (code or none) changes rarely: read it once per short window.
   const codeCache = new Map<string, { code: Hex | undefined; until: number }>();
   const CODE_TTL_MS = 10_000;
+  // Receipts that came with a synchronous send, taken by the receipt wait of the same transaction.
+  const syncReceipts = new Map<string, TransactionReceipt>();
+  let syncUnservedUntil = 0;
 
   function pick(): PrivateKeyAccount {
     const required = settlementContext.getStore()?.signer;
@@ -175,9 +197,30 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     return found.some(Boolean);
   }
 
-  async function send(row: Pick<OutboxRow, "id" | "raw_tx" | "hash" | "hashes">): Promise<SendOutcome> {
+  /** eth_sendRawTransactionSync where the endpoint serves it: the receipt on record, or false to send the plain way. */
+  async function sendSync(row: Pick<OutboxRow, "id" | "raw_tx" | "hash">): Promise<boolean> {
+    if (!opts.syncSend || Date.now() < syncUnservedUntil) return false;
     try {
-      await client.sendRawTransaction({ serializedTransaction: row.raw_tx });
+      const receipt = await sendRawTransactionSync(client, { serializedTransaction: row.raw_tx });
+      if (syncReceipts.size > 10_000) syncReceipts.clear(); // taken by the receipt wait; this bounds the rare leftovers
+      syncReceipts.set(row.hash, receipt);
+      return true;
+    } catch (e) {
+      const code = rpcErrorCode(e);
+      // EIP-7966: accepted into the pool, not mined within the timeout. The receipt wait polls for it.
+      if (code === 4) return true;
+      if (code === -32601 || /method .*not (found|supported|available)|does not exist/i.test(message(e))) {
+        syncUnservedUntil = Date.now() + SYNC_REPROBE_MS;
+        opts.logger.info({ network }, "the RPC endpoint does not serve eth_sendRawTransactionSync; sending the plain way");
+        return false;
+      }
+      throw e;
+    }
+  }
+
+  async function send(row: Pick<OutboxRow, "id" | "raw_tx" | "hash" | "hashes">, sync = false): Promise<SendOutcome> {
+    try {
+      if (!(sync && (await sendSync(row)))) await client.sendRawTransaction({ serializedTransaction: row.raw_tx });
       await opts.store.markBroadcast(row.id);
       return "sent";
     } catch (e) {
@@ -286,7 +329,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       let row = await opts.store.allocateAndStore(entry, () => client.getTransactionCount({ address: account.address, blockTag: "pending" }), (nonce) => sign(account, { ...entry, nonce }));
       crash("after_store", opts.crashAt);
       for (let attempt = 0; ; attempt++) {
-        const outcome = await send(row);
+        const outcome = await send(row, true);
         if (outcome === "sent" || RETRY_LATER.has(outcome)) break; // unreachable: the row stays "signed" and the reconciler sends it
         if ((outcome === "nonce_too_low" || outcome === "replacement_underpriced") && attempt < 3) {
           // Another transaction of this key (sent outside the fleet) holds the nonce: take the next one.
@@ -307,6 +350,13 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     } finally {
       if (!awaitingReceipt) release(account.address);
     }
+  }
+
+  /** The receipt a synchronous send brought, when one block is final enough. */
+  function takeSyncReceipt(hash: Hex): { hash: Hex; receipt: TransactionReceipt } | undefined {
+    const receipt = syncReceipts.get(hash);
+    syncReceipts.delete(hash);
+    return receipt && opts.confirmations <= 1 ? { hash, receipt } : undefined;
   }
 
   /** A mined revert's decoded reason (the store explained it when marking it) into the payment's context. */
@@ -361,7 +411,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       try {
         for (;;) {
           // Shared with every other waiter of this transaction in the process, and budgeted.
-          const mined = await pollMined(opts.chain, row?.hashes ?? [args.hash], opts.confirmations);
+          const mined = takeSyncReceipt(args.hash) ?? (await pollMined(opts.chain, row?.hashes ?? [args.hash], opts.confirmations));
           if (mined) {
             const { receipt } = mined;
             if (row) await opts.store.markMined(row.id, mined.hash, receipt.status === "success", receipt.gasUsed * receipt.effectiveGasPrice, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });

@@ -1,0 +1,73 @@
+// eth_sendRawTransactionSync (EIP-7966): where the policy enables it and the node serves it, a
+// settlement is sent and its receipt comes back in one round trip (no receipt polls); an endpoint
+// that does not know the method gets the plain send, and the settlement is the same on chain.
+// Counted at an RPC proxy in front of a real anvil.
+import { afterEach, describe, expect, it } from "vitest";
+import type { Hex } from "viem";
+import { startRig, type Rig } from "./helpers/settlement-rig.ts";
+import { balanceOf } from "./helpers/chain.ts";
+import { postJson } from "./helpers/payments.ts";
+import { publicClient } from "./helpers/onchain.ts";
+import { startRpcFaultProxy, type RpcFaultProxy } from "./helpers/rpc-fault-proxy.ts";
+
+let rig: Rig | undefined;
+let proxy: RpcFaultProxy | undefined;
+afterEach(async () => {
+  await proxy?.close();
+  await rig?.stop();
+  rig = proxy = undefined;
+});
+
+/** Calls per method made by `fn`, as the proxy saw them. */
+async function callsOf(p: RpcFaultProxy, fn: () => Promise<unknown>): Promise<Record<string, number>> {
+  const before = { ...p.calls };
+  await fn();
+  await p.idle(50);
+  return Object.fromEntries(Object.entries(p.calls).flatMap(([m, n]) => (n - (before[m] ?? 0) > 0 ? [[m, n - (before[m] ?? 0)]] : [])));
+}
+
+describe("synchronous sends", () => {
+  it("a settlement is sent and confirmed in one call, with no receipt polls; mined on chain", async () => {
+    rig = await startRig();
+    proxy = await startRpcFaultProxy({ upstream: rig.anvil.rpcUrl });
+    const f = await rig.facilitator({ rpcUrls: [proxy.url], policy: { sendRawTransactionSync: true } });
+    await postJson(`${f.url}/settle`, await rig.payment(1n)); // warms the per-second fee cache
+    let answer: Record<string, unknown> = {};
+    const calls = await callsOf(proxy, async () => (answer = (await postJson(`${f.url}/settle`, await rig!.payment(250n))).json));
+    expect(answer, JSON.stringify(answer)).toMatchObject({ success: true });
+    expect(calls.eth_sendRawTransactionSync).toBe(1);
+    expect(calls.eth_sendRawTransaction ?? 0).toBe(0);
+    expect(calls.eth_getTransactionReceipt ?? 0).toBe(0);
+    const receipt = await publicClient(rig.anvil.rpcUrl).getTransactionReceipt({ hash: answer.transaction as Hex });
+    expect(receipt.status).toBe("success");
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(251n);
+  });
+
+  it("an endpoint without the method gets the plain send (asked once), and the payment settles the same", async () => {
+    rig = await startRig();
+    proxy = await startRpcFaultProxy({ upstream: rig.anvil.rpcUrl });
+    // The proxy answers the method with a JSON-RPC error, as a node that does not know it would.
+    proxy.configure({ schedule: { eth_sendRawTransactionSync: ["method_not_found"] } });
+    const f = await rig.facilitator({ rpcUrls: [proxy.url], policy: { sendRawTransactionSync: true } });
+    const answers: Record<string, unknown>[] = [];
+    const calls = await callsOf(proxy, async () => {
+      for (const amount of [3n, 4n]) answers.push((await postJson(`${f.url}/settle`, await rig!.payment(amount))).json);
+    });
+    for (const a of answers) expect(a).toMatchObject({ success: true });
+    expect(calls.eth_sendRawTransactionSync).toBe(1);
+    expect(calls.eth_sendRawTransaction).toBe(2);
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(7n);
+  });
+
+  it("off by default: the plain send and a receipt poll", async () => {
+    rig = await startRig();
+    proxy = await startRpcFaultProxy({ upstream: rig.anvil.rpcUrl });
+    const f = await rig.facilitator({ rpcUrls: [proxy.url] });
+    let answer: Record<string, unknown> = {};
+    const calls = await callsOf(proxy, async () => (answer = (await postJson(`${f.url}/settle`, await rig!.payment(9n))).json));
+    expect(answer).toMatchObject({ success: true });
+    expect(calls.eth_sendRawTransactionSync ?? 0).toBe(0);
+    expect(calls.eth_sendRawTransaction).toBe(1);
+    expect(calls.eth_getTransactionReceipt).toBeGreaterThanOrEqual(1);
+  });
+});
