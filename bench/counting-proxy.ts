@@ -10,7 +10,8 @@ export interface CountingProxy {
   close(): Promise<void>;
 }
 
-export async function startCountingProxy(target: string): Promise<CountingProxy> {
+/** `rttMs`: added to every HTTP round trip, as an RPC provider that far away would (a batch is one round trip). */
+export async function startCountingProxy(target: string, rttMs = 0): Promise<CountingProxy> {
   let roundTrips = 0;
   let calls = 0;
   let methods: Record<string, number> = {};
@@ -29,6 +30,7 @@ export async function startCountingProxy(target: string): Promise<CountingProxy>
       } catch {
         // not JSON: forwarded as is
       }
+      if (rttMs > 0) await new Promise((r) => setTimeout(r, rttMs));
       try {
         const upstream = await request(target, { method: "POST", headers: { "content-type": "application/json" }, body });
         res.writeHead(upstream.statusCode, { "content-type": "application/json" });

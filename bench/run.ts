@@ -46,6 +46,15 @@ async function procStats(pid: number): Promise<{ cpu: number; rssMb: number }> {
   return { cpu: (Number(stat[11]) + Number(stat[12])) / 100, rssMb: Math.round(rssKb / 1024) };
 }
 
+/** `--rpc-rtt-ms N`: every JSON-RPC round trip of both facilitators costs N ms more (a provider that far away). */
+function flag(name: string): number {
+  const i = process.argv.indexOf(name);
+  const v = i >= 0 ? Number(process.argv[i + 1]) : 0;
+  if (!Number.isFinite(v) || v < 0) throw new Error(`${name} takes a number of milliseconds`);
+  return v;
+}
+const RPC_RTT_MS = flag("--rpc-rtt-ms");
+
 const round = (n: number, d = 2) => Math.round(n * 10 ** d) / 10 ** d;
 
 async function main() {
@@ -62,8 +71,8 @@ async function main() {
     gasFunded: [...keys.ours1, ...keys.ours4, ...keys.ours4pg, ...keys.ref].map((k) => privateKeyToAccount(k).address),
     payers: [{ privateKey: payerKey, permit2Approved: true }],
   });
-  const proxyOurs = await startCountingProxy(anvil.rpcUrl);
-  const proxyRef = await startCountingProxy(anvil.rpcUrl);
+  const proxyOurs = await startCountingProxy(anvil.rpcUrl, RPC_RTT_MS);
+  const proxyRef = await startCountingProxy(anvil.rpcUrl, RPC_RTT_MS);
 
   const facilitator = async (name: string, signerKeys: string[], databaseUrl = "") => {
     const keyFile = join(dir, `${name}.key`);
@@ -72,6 +81,8 @@ async function main() {
     const child = start(["bin/x402-fleet.js", "facilitator", "--network", net.network, "--rpc-url", proxyOurs.url, "--signer-key-file", keyFile, "--schemes", "exact", "--port", String(port), "--admin-port", String(await freePort())], {
       X402_DATA_DIR: join(dir, `${name}-db`),
       DATABASE_URL: databaseUrl,
+      // anvil serves eth_sendRawTransactionSync (EIP-7966): the receipt comes with the send.
+      X402_POLICY: JSON.stringify({ sendRawTransactionSync: true }),
     });
     const url = `http://127.0.0.1:${port}/v2`;
     await waitUp(`${url}/supported`);
@@ -133,6 +144,20 @@ async function main() {
   await runLoad(`${refUrl}/verify`, verifyBodies, { requests: 200, concurrency: 1 });
   const rpc = { ours: proxyOurs.counts(), reference: proxyRef.counts() };
 
+  // One settlement at a time: latency and RPC calls on the critical path, against the physical
+  // limit (round trips x RTT; anvil mines on receipt, so inclusion adds nothing here).
+  const sequential: Record<string, { p50ms: number; p99ms: number; callsPerSettle: number; roundTripsPerSettle: number; methods: Record<string, number> }> = {};
+  for (const [name, url, proxy] of [["ours", ours1.url, proxyOurs], ["reference", refUrl, proxyRef]] as const) {
+    console.error(`settle one at a time: ${name}...`);
+    const bodies = await sign(40);
+    await runLoad(`${url}/settle`, bodies.slice(0, 5), { requests: 5, concurrency: 1 }); // warm fee caches and connections
+    await new Promise((r) => setTimeout(r, 1500)); // let background receipt/fee work of the warm-up end
+    proxy.reset();
+    const r = await runLoad(`${url}/settle`, bodies.slice(5), { requests: 35, concurrency: 1 });
+    const c = proxy.counts();
+    sequential[name] = { p50ms: round(r.p50ms), p99ms: round(r.p99ms), callsPerSettle: round(c.calls / 35), roundTripsPerSettle: round(c.roundTrips / 35), methods: Object.fromEntries(Object.entries(c.methods).map(([m, n]) => [m, round(n / 35)])) };
+  }
+
   const settle: Record<string, { successes: number; failures: number; reasons: Record<string, number>; seconds: number; throughput: number }> = {};
   const settleTargets: [string, string][] = [["ours1Key", ours1.url], ["ours4Keys", ours4.url], ...(ours4pg ? [["ours4KeysPostgres", ours4pg.url] as [string, string]] : []), ["reference", refUrl]];
   for (const [name, url] of settleTargets) {
@@ -173,6 +198,7 @@ async function main() {
       rpcPerVerify: { ours: round(rpc.ours.calls / 200), oursRoundTrips: round(rpc.ours.roundTrips / 200), reference: round(rpc.reference.calls / 200), referenceRoundTrips: round(rpc.reference.roundTrips / 200), ratio: ratio(rpc.reference.calls, rpc.ours.calls), oursMethods: rpc.ours.methods, referenceMethods: rpc.reference.methods },
       routerOverhead: Object.fromEntries([1, 16].map((c) => [`concurrency${c}`, { p50ms: round(v("oursViaRouter", c).p50ms - v("ours", c).p50ms), p99ms: round(v("oursViaRouter", c).p99ms - v("ours", c).p99ms) }])),
       cpuPerVerifyMs: { ours: round(cpu.oursFacilitatorMs!, 3), router: round(cpu.routerMs!, 3), reference: round(cpu.referenceMs!, 3), ratio: ratio(cpu.referenceMs!, cpu.oursFacilitatorMs!) },
+      settleSequential: { rpcRttMs: RPC_RTT_MS, ...sequential, limitMs: { withSync: RPC_RTT_MS, withoutSync: 2 * RPC_RTT_MS } },
       settle200: { ...settle, throughputRatio4KeysVsReference: ratio(settle.ours4Keys!.throughput, settle.reference!.throughput), throughputRatio4KeysVs1Key: ratio(settle.ours4Keys!.throughput, settle.ours1Key!.throughput) },
       memory,
     },
@@ -190,6 +216,8 @@ async function main() {
     `| router overhead p50 / p99 ms (c=1) | ${w.routerOverhead.concurrency1!.p50ms} / ${w.routerOverhead.concurrency1!.p99ms} | n/a | |`,
     `| router overhead p50 / p99 ms (c=16) | ${w.routerOverhead.concurrency16!.p50ms} / ${w.routerOverhead.concurrency16!.p99ms} | n/a | |`,
     `| CPU per verify, ms (facilitator; router) | ${w.cpuPerVerifyMs.ours}; ${w.cpuPerVerifyMs.router} | ${w.cpuPerVerifyMs.reference} | ${w.cpuPerVerifyMs.ratio}× less |`,
+    `| settle one at a time (RPC RTT ${RPC_RTT_MS} ms): p50 / p99 ms | ${sequential.ours!.p50ms} / ${sequential.ours!.p99ms} | ${sequential.reference!.p50ms} / ${sequential.reference!.p99ms} | ${ratio(sequential.reference!.p50ms, sequential.ours!.p50ms)}× faster (limit: ${RPC_RTT_MS} ms with sync, ${2 * RPC_RTT_MS} without) |`,
+    `| RPC calls per settle (round trips) | ${sequential.ours!.callsPerSettle} (${sequential.ours!.roundTripsPerSettle}) ${JSON.stringify(sequential.ours!.methods)} | ${sequential.reference!.callsPerSettle} (${sequential.reference!.roundTripsPerSettle}) ${JSON.stringify(sequential.reference!.methods)} | |`,
     `| settle 200 at once, 1 key: ok / failed, s, ok/s | ${settle.ours1Key!.successes} / ${settle.ours1Key!.failures}, ${settle.ours1Key!.seconds}, ${settle.ours1Key!.throughput} | ${settle.reference!.successes} / ${settle.reference!.failures}, ${settle.reference!.seconds}, ${settle.reference!.throughput} | |`,
     `| settle 200 at once, 4 keys: ok / failed, s, ok/s | ${settle.ours4Keys!.successes} / ${settle.ours4Keys!.failures}, ${settle.ours4Keys!.seconds}, ${settle.ours4Keys!.throughput} | (1 key) | ${w.settle200.throughputRatio4KeysVsReference}× |`,
     ...(settle.ours4KeysPostgres

@@ -297,6 +297,10 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     busy.set(account.address, busy.get(account.address)! + 1);
     let awaitingReceipt = false;
     try {
+      const fees = marketFees();
+      // The L1 data fee is quoted beside the simulation, not after it: quoted at the kind's gas
+      // ceiling, the transaction's size (all the quote depends on) is never under the one signed.
+      const dataFee = fees.then((fee) => checkDataFee(kind, args, args.gas ?? policy.ceiling(kind), fee));
       const [estimate, fee] = await Promise.all([
         args.gas ??
           client.estimateGas({ account: account.address, to: args.to, data: args.data }).catch(async (e) => {
@@ -305,7 +309,8 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
             if (why) fail(kind, why.code, why.message);
             throw new SettlementNotSentError(`gas estimation failed: ${cleanLine(message(e))}`);
           }),
-        marketFees(),
+        fees,
+        dataFee,
       ]);
       if (fee.belowFloor) {
         // The chain's nodes would refuse it (Polygon's minimum tip, BSC's gas-price floor): never signed, never sent.
@@ -313,7 +318,6 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
         opts.logger.warn({ signer: account.address, kind, maxFeePerGas: fee.maxFeePerGas.toString(), tip: fee.maxPriorityFeePerGas.toString(), floor: policy.minPriorityFeePerGas.toString() }, "fee cap below the chain's floor: not signed");
         fail(kind, undefined, e.message);
       }
-      await checkDataFee(kind, args, args.gas ?? estimate, fee);
       try {
         policy.checkGas(kind, estimate);
       } catch (e) {
