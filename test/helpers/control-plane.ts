@@ -15,6 +15,7 @@ import { fileURLToPath } from "node:url";
 import { request as httpsRequest } from "node:https";
 import { CoreV1Api, KubeConfig } from "@kubernetes/client-node";
 import { afterAll, beforeAll, describe, it } from "vitest";
+import { parse as parseYaml } from "yaml";
 
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 const BUILD_SCRIPT = join(ROOT, "scripts", "build-control-plane.sh");
@@ -25,6 +26,11 @@ export interface ControlPlaneOptions {
   controllers?: boolean;
   /** kube-scheduler and kwok with this many fake nodes (pods get scheduled and turn Ready). */
   fakeNodes?: number;
+  /**
+   * CRD files applied before kube-controller-manager starts, so its garbage collector watches
+   * their kinds from the start (it discovers kinds added later only every 30 s).
+   */
+  crds?: string[];
 }
 
 export interface ControlPlane {
@@ -39,12 +45,18 @@ export interface ControlPlane {
   kc: KubeConfig;
   /** The Kubernetes version the binaries report (e.g. v1.33.13). */
   version: string;
-  /** A KubeConfig authenticating with a bearer token (e.g. a ServiceAccount's TokenRequest token). */
-  kubeConfigForToken(token: string): KubeConfig;
+  /** The admin's bearer token. */
+  adminToken: string;
+  /** A KubeConfig authenticating with a bearer token (e.g. a ServiceAccount's TokenRequest token), optionally through another address (a proxy). */
+  kubeConfigForToken(token: string, server?: string): KubeConfig;
+  /** A raw request as the admin (kubectl's bytes, not client-node's typed models). */
+  request(path: string, init?: { method?: string; headers?: Record<string, string>; body?: string }): Promise<{ status: number; text: string }>;
   /** Writes a kubeconfig file for a token (for child processes: kubectl, helm, the operator CLI). */
   writeKubeconfig(token: string, file: string): string;
   /** A token for a ServiceAccount, from the real TokenRequest API. */
   serviceAccountToken(namespace: string, name: string, seconds?: number): Promise<string>;
+  /** Server-side apply of a YAML file's bytes as the admin (what `kubectl apply --server-side` sends). */
+  applyFile(path: string): Promise<void>;
   /** Creates a namespace with a unique name from the prefix and returns the name. */
   namespace(prefix: string): Promise<string>;
   /** Compacts etcd up to its current revision (older resourceVersions become 410 Gone). */
@@ -131,6 +143,19 @@ function httpsStatus(url: string, ca: string, token: string): Promise<number> {
     req.on("error", () => resolve(0));
     req.on("timeout", () => req.destroy());
     req.end();
+  });
+}
+
+function httpsRequestText(url: string, ca: string, token: string, init: { method?: string; headers?: Record<string, string>; body?: string }): Promise<{ status: number; text: string }> {
+  return new Promise((resolve, reject) => {
+    const req = httpsRequest(url, { ca, method: init.method ?? "GET", headers: { authorization: `Bearer ${token}`, ...init.headers } }, (res) => {
+      let text = "";
+      res.setEncoding("utf8");
+      res.on("data", (d: string) => (text += d));
+      res.on("end", () => resolve({ status: res.statusCode ?? 0, text }));
+    });
+    req.on("error", reject);
+    req.end(init.body);
   });
 }
 
@@ -238,14 +263,27 @@ export async function startControlPlane(o: ControlPlaneOptions = {}): Promise<Co
 
     const kubeconfigPath = join(dir, "admin.kubeconfig");
     writeFileSync(kubeconfigPath, kubeconfigYaml(url, caPem, adminToken), { mode: 0o600 });
-    const kcFor = (token: string) => {
+    const kcFor = (token: string, server = url) => {
       const kc = new KubeConfig();
-      kc.loadFromString(kubeconfigYaml(url, caPem, token));
+      kc.loadFromString(kubeconfigYaml(server, caPem, token));
       return kc;
     };
     const kc = kcFor(adminToken);
     const core = kc.makeApiClient(CoreV1Api);
     const version = readVersion(found.dir);
+    const applyFile = async (path: string) => {
+      const text = readFileSync(path, "utf8");
+      const doc = parseYaml(text) as { apiVersion: string; kind: string; metadata: { name: string } };
+      const plural = `${doc.kind.toLowerCase()}s`; // enough for the cluster-scoped kinds applied here
+      const base = doc.apiVersion.includes("/") ? `/apis/${doc.apiVersion}` : `/api/${doc.apiVersion}`;
+      const res = await httpsRequestText(`${url}${base}/${plural}/${doc.metadata.name}?fieldManager=x402-fleet-tests&force=true`, caPem, adminToken, {
+        method: "PATCH",
+        headers: { "content-type": "application/apply-patch+yaml" },
+        body: text,
+      });
+      if (res.status !== 200 && res.status !== 201) throw new Error(`applying ${path} failed: HTTP ${res.status} ${res.text}`);
+    };
+    for (const crd of o.crds ?? []) await applyFile(crd);
 
     if (o.controllers) {
       launch("kube-controller-manager", [
@@ -294,7 +332,10 @@ export async function startControlPlane(o: ControlPlaneOptions = {}): Promise<Co
       kubeconfigPath,
       kc,
       version,
+      adminToken,
+      applyFile,
       kubeConfigForToken: kcFor,
+      request: (path, init = {}) => httpsRequestText(`${url}${path}`, caPem, adminToken, init),
       writeKubeconfig: (token, file) => {
         writeFileSync(file, kubeconfigYaml(url, caPem, token), { mode: 0o600 });
         return file;
