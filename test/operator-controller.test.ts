@@ -502,6 +502,67 @@ describeWithControlPlane("the operator on kube-apiserver", { controllers: true, 
     }
   });
 
+  it("three operator processes: the leader killed mid-reconcile → another takes the Lease within its duration; no child or routing entry lost or duplicated", async () => {
+    const w = await world(cp());
+    const optimism = await startAnvil({ chainId: 10 });
+    const dir = await mkdtemp(join(tmpdir(), "x402-operator-ha-"));
+    const kubeconfig = cp().writeKubeconfig(cp().adminToken, join(dir, "kubeconfig"));
+    const bin = fileURLToPath(new URL("../bin/x402-fleet.js", import.meta.url));
+    const LEASE_MS = 15_000; // the CLI's (controller-runtime's) default lease duration
+    const procs = new Map<string, ReturnType<typeof spawn>>();
+    try {
+      const { c, ns: NS, opNs: OPERATOR_NS } = w;
+      const chains = [
+        { name: "base", network: "eip155:8453", rpc: base.rpcUrl },
+        { name: "polygon", network: "eip155:137", rpc: polygon.rpcUrl },
+        { name: "optimism", network: "eip155:10", rpc: optimism.rpcUrl },
+      ];
+      for (const ch of chains) await c.putSecret(NS, `${ch.name}-signer`, { "signer-keys": generatePrivateKey() });
+      await putDatabaseSecret(c, NS);
+      for (const id of ["op-1", "op-2", "op-3"]) {
+        const child = spawn(process.execPath, [bin, "operator", "--facilitator-image", "x402-fleet:ha", "--namespace", OPERATOR_NS, "--admin-port", "0", "--host", "127.0.0.1"], {
+          env: { PATH: process.env.PATH ?? "", HOME: dir, KUBECONFIG: kubeconfig, POD_NAME: id, LOG_LEVEL: "warn", X402_WATCH_NAMESPACE: NS },
+          stdio: ["ignore", "ignore", "ignore"],
+        });
+        procs.set(id, child);
+      }
+      const lease = () => c.coordination.readNamespacedLease({ namespace: OPERATOR_NS, name: "x402-fleet-operator" });
+      const first = (await until(async () => (await lease()).spec?.holderIdentity || undefined, "a leader", 60_000)) as string;
+
+      for (const ch of chains) await c.createNetwork(NS, ch.name, baseSpec({ network: ch.network, rpc: [{ url: ch.rpc }], signerSecretRef: { name: `${ch.name}-signer` } }));
+      // mid-reconcile: the leader has written some children, not all networks are Ready yet
+      await until(async () => (await c.apps.listNamespacedDeployment({ namespace: NS })).items.length >= 1, "the leader's first Deployment", 60_000);
+      const killedAt = Date.now();
+      procs.get(first)!.kill("SIGKILL"); // a crash: the Lease is not released
+      const taken = await until(async () => {
+        const l = await lease();
+        return l.spec?.holderIdentity && l.spec.holderIdentity !== first ? l : undefined;
+      }, "another operator to take the Lease", 60_000);
+      expect(["op-1", "op-2", "op-3"].filter((id) => id !== first)).toContain(taken.spec!.holderIdentity);
+      expect(taken.spec!.leaseTransitions).toBe(1);
+      // within the lease duration after the last renewal (plus one retry period of 2 s and slack for a busy machine)
+      expect(new Date(taken.spec!.acquireTime as unknown as string).getTime() - killedAt).toBeLessThan(LEASE_MS + 2_000 + 3_000);
+
+      for (const ch of chains) await waitFor(c, NS, ch.name, ready, `${ch.name} Ready under the new leader`);
+      const table = await until(async () => {
+        const t = await routingTable(w);
+        return t.backends.length === chains.length ? t : undefined;
+      }, "every network routed");
+      expect(table.backends.map((b) => b.network).sort()).toEqual(chains.map((ch) => ch.network).sort());
+      const managed = { namespace: NS, labelSelector: "app.kubernetes.io/managed-by=x402-fleet-operator" };
+      expect((await c.apps.listNamespacedDeployment(managed)).items.map((d) => d.metadata!.name).sort()).toEqual(chains.map((ch) => `${ch.name}-facilitator`).sort());
+      expect((await c.core.listNamespacedService(managed)).items.map((d) => d.metadata!.name).sort()).toEqual(chains.map((ch) => `${ch.name}-facilitator`).sort());
+      // exactly one ReplicaSet per Deployment: no second writer changed a pod template
+      const replicaSets = (await c.apps.listNamespacedReplicaSet({ namespace: NS })).items;
+      expect(replicaSets.map((r) => r.metadata!.ownerReferences![0]!.name).sort()).toEqual(chains.map((ch) => `${ch.name}-facilitator`).sort());
+    } finally {
+      for (const child of procs.values()) await stopChild(child);
+      await optimism.stop();
+      await w.stop();
+      await rm(dir, { recursive: true, force: true });
+    }
+  }, 120_000);
+
   it("the `x402-fleet operator` command runs from a kubeconfig, serves /readyz and /metrics on its admin port, and on SIGTERM releases the Lease and exits 0", async () => {
     const w = await world(cp());
     const { c, opNs: OPERATOR_NS } = w;
