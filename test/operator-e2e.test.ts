@@ -1,12 +1,12 @@
-// End to end: a FacilitatorNetwork for a devnet chain → the operator (against the API
-// emulation) → the routing ConfigMap → written to a file → the router routes a real payment,
-// settled on the anvil chain, to that chain's facilitator. The facilitator runs as a local
-// process started from the operator's own Deployment (image args, env with the Secret
-// references resolved, the signer Secret written where the pod would mount it): the kubelet's
-// part, played by test/k8s-emulator/stand-ins.ts. Two stand-ins are explicit below: the pod
-// reports available once the process answers, and the Service's cluster DNS name is mapped to
-// the process's local address when the ConfigMap is written to the router's file.
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+// End to end: a FacilitatorNetwork for a devnet chain → the operator (against a real
+// kube-apiserver, kube-controller-manager, kube-scheduler and a kwok node) → the Deployment's
+// pod Ready (kwok) → the routing ConfigMap → written to a file → the router routes a real
+// payment, settled on the anvil chain, to that chain's facilitator. kwok only pretends to run
+// the pod, so the facilitator runs as a local process started from the operator's own
+// Deployment (image args, env with the Secret references resolved, the signer Secret written
+// where the pod would mount it: test/helpers/local-pod.ts), and the Service's cluster DNS name is
+// mapped to the process's local address when the ConfigMap is written to the router's file.
+import { afterAll, beforeAll, expect, it } from "vitest";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -20,8 +20,9 @@ import type { RunningDevnet } from "../services/devnet/devnet.ts";
 import { parseRoutingTable } from "../services/router/routing-table.ts";
 import { ROUTING_TABLE_KEY } from "../operator/api.ts";
 import { startOperator, type RunningOperator } from "../operator/operator.ts";
-import { condition, startEmulatedCluster, until, type EmulatedCluster } from "./k8s-emulator/harness.ts";
-import { reportDeploymentStatus, runPodLocally, type RunningPod } from "./k8s-emulator/stand-ins.ts";
+import { describeWithControlPlane } from "./helpers/control-plane.ts";
+import { CRD_PATH, clusterOf, condition, until, type Cluster } from "./helpers/cluster.ts";
+import { runPodLocally, type RunningPod } from "./helpers/local-pod.ts";
 
 const BINARY = fileURLToPath(new URL("../bin/x402-fleet.js", import.meta.url));
 const NS = "payments";
@@ -30,19 +31,18 @@ const RPC_KEY = "e2e-secret-api-key-19c2";
 const silent = pino({ level: "silent" });
 
 let devnet: RunningDevnet & { dir: string };
-let cluster: EmulatedCluster;
+let cluster: Cluster;
 let operator: RunningOperator;
 let router: RunningRouter | undefined;
 let pod: RunningPod | undefined;
 let dir: string;
 const operatorLogs: string[] = [];
 
+describeWithControlPlane("operator end to end", { controllers: true, fakeNodes: 1, crds: [CRD_PATH] }, (cp) => {
 beforeAll(async () => {
-  [devnet, cluster, dir] = await Promise.all([
-    startTestDevnet(["eip155:8453"]),
-    startEmulatedCluster({ deploymentController: false }),
-    mkdtemp(join(tmpdir(), "x402-operator-e2e-")),
-  ]);
+  cluster = clusterOf(cp());
+  await Promise.all([cluster.ensureNamespace(NS), cluster.ensureNamespace(OPERATOR_NS)]);
+  [devnet, dir] = await Promise.all([startTestDevnet(["eip155:8453"]), mkdtemp(join(tmpdir(), "x402-operator-e2e-"))]);
   operator = await startOperator({
     kubeConfig: cluster.kc,
     namespace: OPERATOR_NS,
@@ -57,12 +57,10 @@ afterAll(async () => {
   await router?.close();
   await pod?.stop();
   await operator?.stop();
-  await cluster?.stop();
   await devnet?.stop();
   if (dir) await rm(dir, { recursive: true, force: true });
 });
 
-describe("operator end to end", () => {
   it("a FacilitatorNetwork for a devnet chain → routing ConfigMap → router → a real payment settled by that chain's facilitator", async () => {
     const net = devnet.info.networks[0]!;
     const signerKeys = await readFile(join(devnet.dir, "keys", `${net.chainId}.key`), "utf8");
@@ -82,12 +80,16 @@ describe("operator end to end", () => {
       settlement: { receiptTimeoutSeconds: 20 },
     });
 
-    // the kubelet's part: run the operator's Deployment as a local process, report it available
+    // kwok reports the pod Ready; the kubelet's part, running it, is a local process here
     const deployment = await until(() => cluster.apps.readNamespacedDeployment({ namespace: NS, name: "base-facilitator" }).catch(() => undefined), "the Deployment");
     pod = await runPodLocally(cluster.kc, deployment, { binary: BINARY });
     expect(pod.env.X402_RPC_URLS).toBe(`${net.rpcUrl}/?apikey=${RPC_KEY}`); // $(X402_RPC_URL_0) resolved from the Secret
     expect(pod.env.X402_NETWORK).toBe(net.network);
-    await reportDeploymentStatus(cluster.apps, await cluster.apps.readNamespacedDeployment({ namespace: NS, name: "base-facilitator" }), 1);
+    const pods = await until(async () => {
+      const list = await cluster.core.listNamespacedPod({ namespace: NS });
+      return list.items.some((p) => p.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True")) ? list : undefined;
+    }, "the facilitator pod Ready on the kwok node");
+    expect(pods.items[0]!.spec!.nodeName).toBe("kwok-node-0");
 
     const fn = await until(async () => {
       const f = await cluster.getNetwork(NS, "base");
