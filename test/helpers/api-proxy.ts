@@ -11,6 +11,8 @@ export interface ApiProxy {
   /** New requests wait until release(). */
   hold(): void;
   release(): void;
+  /** The next request matching `when` is answered 500 by the proxy (fault injection). */
+  failOnce(when: (method: string, path: string) => boolean): void;
   /** Ends every open watch response cleanly (the client re-watches from its last resourceVersion). */
   endWatches(): number;
   close(): Promise<void>;
@@ -21,11 +23,20 @@ export async function startApiProxy(upstream: string, ca: string): Promise<ApiPr
   const stats = { lists: 0, watches: 0, gone: 0 };
   const watches = new Map<ServerResponse, IncomingMessage>();
   const held: (() => void)[] = [];
+  const faults: ((method: string, path: string) => boolean)[] = [];
   let holding = false;
   const sockets = new Set<Socket>();
 
   const forward = (req: IncomingMessage, res: ServerResponse) => {
     const url = new URL(req.url ?? "/", "http://proxy");
+    const fault = faults.findIndex((f) => f(req.method ?? "GET", url.pathname));
+    if (fault >= 0) {
+      faults.splice(fault, 1);
+      req.resume();
+      res.writeHead(500, { "content-type": "application/json" });
+      res.end(JSON.stringify({ kind: "Status", apiVersion: "v1", metadata: {}, status: "Failure", message: "injected by the test's proxy", reason: "InternalError", code: 500 }));
+      return;
+    }
     const isWatch = url.searchParams.get("watch") === "true" || url.searchParams.get("watch") === "1";
     if (req.method === "GET" && isWatch) stats.watches++;
     else if (req.method === "GET" && /\/(api\/v1|apis\/[^/]+\/[^/]+)(\/namespaces\/[^/]+)?\/[a-z]+$/.test(url.pathname)) stats.lists++;
@@ -66,6 +77,7 @@ export async function startApiProxy(upstream: string, ca: string): Promise<ApiPr
   return {
     url: `http://127.0.0.1:${typeof address === "object" && address ? address.port : 0}`,
     stats: () => ({ ...stats }),
+    failOnce: (when) => void faults.push(when),
     hold: () => void (holding = true),
     release: () => {
       holding = false;
