@@ -106,7 +106,7 @@ afterAll(async () => {
     const fn = await until(async () => {
       const f = await cluster.getNetwork(NS, "base");
       return condition(f, "Ready")?.status === "True" ? f : undefined;
-    }, "Ready", 30_000);
+    }, "Ready", 60_000);
     expect(fn.status!.signers).toEqual(net.signers);
     expect(fn.status!.chainId).toBe(net.chainId);
 
@@ -223,5 +223,5 @@ afterAll(async () => {
     // nothing secret reached the operator's logs
     expect(operatorLogs.join("\n")).not.toContain(RPC_KEY);
     expect(operatorLogs.join("\n")).not.toContain(signerKeys.trim().slice(2));
-  }, 240_000); // the facilitator process creates its embedded store on first start
+  }, 400_000); // the facilitator process creates its embedded store on first start
 });

@@ -185,7 +185,7 @@ export async function recordEvents(kc: KubeConfig, paths: { kind: string; path: 
 }
 
 /** Polls until fn returns a value other than undefined/false, or fails with what it waited for. */
-export async function until<T>(fn: () => Promise<T | undefined | false> | T | undefined | false, what: string, ms = 30_000): Promise<T> {
+export async function until<T>(fn: () => Promise<T | undefined | false> | T | undefined | false, what: string, ms = 60_000): Promise<T> {
   const deadline = Date.now() + ms;
   let last: unknown;
   for (;;) {
