@@ -9,14 +9,14 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { ApiextensionsV1Api, AppsV1Api, CoordinationV1Api, CoreV1Api, PatchStrategy, setHeaderOptions, type KubeConfig } from "@kubernetes/client-node";
+import { ApiextensionsV1Api, AppsV1Api, CoordinationV1Api, CoreV1Api, PatchStrategy, RbacAuthorizationV1Api, setHeaderOptions, type KubeConfig } from "@kubernetes/client-node";
 import { pino } from "pino";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { startAnvil, type AnvilNode } from "../services/devnet/anvil.ts";
 import { startOperator, type RunningOperator } from "../operator/operator.ts";
 import { FINALIZER, ROUTING_TABLE_KEY } from "../operator/api.ts";
 import { parseRoutingTable } from "../services/router/routing-table.ts";
-import { describeWithControlPlane } from "./helpers/control-plane.ts";
+import { describeWithControlPlane, type AuditEvent } from "./helpers/control-plane.ts";
 import { clusterOf, condition, until, type Cluster } from "./helpers/cluster.ts";
 import { CHART, helm } from "./helpers/helm.ts";
 
@@ -28,7 +28,14 @@ const ROUTING = "fleet-x402-fleet-routing";
 const mergePatch = setHeaderOptions("Content-Type", PatchStrategy.MergePatch);
 const codeOf = async (p: Promise<unknown>) => p.then(() => 200, (e: { code?: number }) => e.code);
 
-describeWithControlPlane("the chart installed with helm", { controllers: true, fakeNodes: 1 }, (cp) => {
+interface PolicyRule {
+  apiGroups: string[];
+  resources: string[];
+  verbs: string[];
+  resourceNames?: string[];
+}
+
+describeWithControlPlane("the chart installed with helm", { controllers: true, fakeNodes: 1, audit: true }, (cp) => {
   let c: Cluster;
   let home: string;
   let anvil: AnvilNode;
@@ -120,6 +127,54 @@ describeWithControlPlane("the chart installed with helm", { controllers: true, f
     // what it is granted goes through
     expect(await codeOf(patchCm(NS, ROUTING))).toBe(200);
     expect(await c.apps.readNamespacedDeployment({ namespace: APPS, name: "base-facilitator" })).toBeDefined(); // not deleted
+  });
+
+  it("every rule of the chart's roles is used by the operator, as kube-apiserver's audit log records its requests", async () => {
+    // exercise the rest of the operator's job: a PodDisruptionBudget comes and goes, a resource is deleted (finalizer released)
+    await c.putSecret(APPS, "fleet-db", { url: "postgres://fleet:pw@postgres:5432/fleet" });
+    await c.patchNetwork(APPS, "base", { spec: { replicas: 2, database: { urlSecretRef: { name: "fleet-db", key: "url" } } } });
+    await until(() => c.policy.readNamespacedPodDisruptionBudget({ namespace: APPS, name: "base-facilitator" }).catch(() => undefined), "the PodDisruptionBudget");
+    await c.patchNetwork(APPS, "base", { spec: { replicas: 1, database: null } });
+    await until(async () => (await codeOf(c.policy.readNamespacedPodDisruptionBudget({ namespace: APPS, name: "base-facilitator" }))) === 404, "the PodDisruptionBudget to go");
+    await c.createNetwork(APPS, "broken", { network: "eip155:84532", rpc: [{ url: "http://127.0.0.1:9/" }], signerSecretRef: { name: "missing-signer" } });
+    await until(async () => (await c.getNetwork(APPS, "broken"))?.metadata.finalizers?.length, "the finalizer on broken");
+    await c.deleteNetwork(APPS, "broken");
+    await until(async () => (await c.getNetwork(APPS, "broken")) === undefined, "broken to go");
+
+    const rbac = c.kc.makeApiClient(RbacAuthorizationV1Api);
+    const clusterRules = (await rbac.readClusterRole({ name: SA })).rules as PolicyRule[];
+    const selfRules = (await rbac.readNamespacedRole({ namespace: NS, name: `${SA}-self` })).rules as PolicyRule[];
+    const grants = [...clusterRules.map((rule) => ({ rule, scope: "cluster" })), ...selfRules.map((rule) => ({ rule, scope: NS }))];
+    const key = (scope: string, rule: PolicyRule, resource: string, verb: string) => `${scope} ${rule.apiGroups[0] || "core"}/${resource}:${verb}${rule.resourceNames ? `[${rule.resourceNames.join(",")}]` : ""}`;
+    const all = grants.flatMap(({ rule, scope }) => rule.resources.flatMap((r) => rule.verbs.map((v) => key(scope, rule, r, v))));
+
+    // the server's own record of each request: verb, API group, resource/subresource, namespace, name
+    const asOperatorSa = (e: AuditEvent) => e.user.username === `system:serviceaccount:${NS}:${SA}`;
+    // the leader renews its Lease every retry period (2 s): wait for one renewal
+    await until(() => cp().auditEvents().some((e) => asOperatorSa(e) && e.verb === "update" && e.objectRef?.resource === "leases"), "a Lease renewal");
+    // authorized requests (a 404 was authorized too; 403 is the refusal)
+    const events = cp().auditEvents().filter((e) => asOperatorSa(e) && e.responseStatus?.code !== 403 && e.objectRef?.resource);
+    expect(events.length).toBeGreaterThan(20);
+    const used = new Set<string>();
+    for (const e of events) {
+      const ref = e.objectRef!;
+      const resource = ref.subresource ? `${ref.resource}/${ref.subresource}` : ref.resource!;
+      // a server-side apply that creates the object is also authorized as create
+      const verbs = e.verb === "patch" && e.responseStatus?.code === 201 ? ["patch", "create"] : [e.verb];
+      for (const verb of verbs) {
+        for (const { rule, scope } of grants) {
+          const applies =
+            rule.apiGroups.includes(ref.apiGroup ?? "") &&
+            rule.resources.includes(resource) &&
+            rule.verbs.includes(verb) &&
+            (scope === "cluster" || scope === ref.namespace) &&
+            (!rule.resourceNames || (ref.name !== undefined && rule.resourceNames.includes(ref.name)));
+          if (applies) used.add(key(scope, rule, resource, verb));
+        }
+      }
+    }
+    // finalizers/update is checked by admission on children with blockOwnerDeletion, never requested
+    expect(all.filter((k) => !used.has(k))).toEqual(["cluster x402fleet.io/facilitatornetworks/finalizers:update"]);
   });
 
   it("helm upgrade with changed values rolls out the change (--wait)", async () => {

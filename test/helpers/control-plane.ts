@@ -31,6 +31,17 @@ export interface ControlPlaneOptions {
    * their kinds from the start (it discovers kinds added later only every 30 s).
    */
   crds?: string[];
+  /** kube-apiserver's audit log (Metadata level, every request): auditEvents() reads it. */
+  audit?: boolean;
+}
+
+/** One audit.k8s.io/v1 Event, the fields the tests read: the server's own view of a request. */
+export interface AuditEvent {
+  stage: string;
+  verb: string;
+  user: { username: string };
+  objectRef?: { resource?: string; subresource?: string; namespace?: string; name?: string; apiGroup?: string };
+  responseStatus?: { code?: number };
 }
 
 export interface ControlPlane {
@@ -61,6 +72,8 @@ export interface ControlPlane {
   namespace(prefix: string): Promise<string>;
   /** Compacts etcd up to its current revision (older resourceVersions become 410 Gone). */
   compactEtcd(): Promise<void>;
+  /** The audit log so far (with `audit: true`): completed requests, and watches once started. */
+  auditEvents(): AuditEvent[];
   /** The tail of a component's log, for failure messages. */
   logOf(component: "etcd" | "kube-apiserver" | "kube-controller-manager" | "kube-scheduler" | "kwok"): string;
   stop(): Promise<void>;
@@ -218,6 +231,7 @@ export async function startControlPlane(o: ControlPlaneOptions = {}): Promise<Co
     makeCertificates(dir);
     const caPem = readFileSync(join(dir, "ca.crt"), "utf8");
     const adminToken = randomBytes(24).toString("hex");
+    writeFileSync(join(dir, "audit-policy.yaml"), "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules: [{level: Metadata}]\n");
     writeFileSync(join(dir, "tokens.csv"), `${adminToken},admin,admin-uid,"system:masters"\n`);
     const [etcdPort, peerPort, apiPort] = [await freePort(), await freePort(), await freePort()];
     const etcdUrl = `http://127.0.0.1:${etcdPort}`;
@@ -254,6 +268,7 @@ export async function startControlPlane(o: ControlPlaneOptions = {}): Promise<Co
       // Watches go to etcd itself, so a compaction answers an old resourceVersion with 410 Gone
       // (with the watch cache, its own window decides instead).
       "--watch-cache=false",
+      ...(o.audit ? [`--audit-policy-file=${join(dir, "audit-policy.yaml")}`, `--audit-log-path=${join(dir, "audit.log")}`, "--audit-log-maxsize=0"] : []),
       "--enable-priority-and-fairness=false",
       "--profiling=false",
       "--v=0",
@@ -355,6 +370,15 @@ export async function startControlPlane(o: ControlPlaneOptions = {}): Promise<Co
       compactEtcd: async () => {
         const range = (await etcdPost(etcdUrl, "/v3/kv/range", { key: Buffer.from("\0").toString("base64") })) as { header: { revision: string } };
         await etcdPost(etcdUrl, "/v3/kv/compaction", { revision: range.header.revision, physical: true });
+      },
+      auditEvents: () => {
+        const file = join(dir, "audit.log");
+        if (!existsSync(file)) return [];
+        return readFileSync(file, "utf8")
+          .split("\n")
+          .filter(Boolean)
+          .map((l) => JSON.parse(l) as AuditEvent)
+          .filter((e) => e.stage === "ResponseComplete" || (e.stage === "ResponseStarted" && e.verb === "watch"));
       },
       logOf: tail,
       stop,
