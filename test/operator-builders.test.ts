@@ -1,9 +1,12 @@
-// The operator's pure desired-state builders and its input checks (with stubbed I/O).
-import { describe, expect, it } from "vitest";
+// The operator's pure desired-state builders and its input checks (with stubbed I/O); the built
+// objects are then sent to a real kube-apiserver as server-side dry runs with strict field
+// validation (types, required fields, unknown fields, names, MicroTime: the server's own checks).
+import { beforeAll, describe, expect, it } from "vitest";
 import { Deployment } from "kubernetes-models/apps/v1";
 import { ConfigMap, Service } from "kubernetes-models/v1";
 import { PodDisruptionBudget } from "kubernetes-models/policy/v1";
 import { Event } from "kubernetes-models/events.k8s.io/v1";
+import { CoreV1Api } from "@kubernetes/client-node";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { parseRoutingTable } from "../services/router/routing-table.ts";
 import { ANNOTATION_SECRETS_HASH, FACILITATOR_PORT, ROUTING_TABLE_KEY, type Condition, type FacilitatorNetwork, type FacilitatorNetworkStatus } from "../operator/api.ts";
@@ -27,8 +30,8 @@ import {
   type DeploymentState,
 } from "../operator/builders.ts";
 import { checkInputs, type CheckDeps } from "../operator/checks.ts";
-import { unknownFields } from "./k8s-emulator/builtins.ts";
-import { expandEnv } from "./k8s-emulator/stand-ins.ts";
+import { expandEnv } from "./helpers/local-pod.ts";
+import { describeWithControlPlane } from "./helpers/control-plane.ts";
 
 function network(overrides: Partial<FacilitatorNetwork["spec"]> = {}, meta: Partial<FacilitatorNetwork["metadata"]> = {}): FacilitatorNetwork {
   return {
@@ -57,7 +60,6 @@ describe("the Deployment", () => {
     });
     const d = buildDeployment(fn, OPTS);
     new Deployment(d as never).validate();
-    expect(unknownFields(d, "V1Deployment")).toEqual([]);
     const pod = d.spec.template.spec;
     const c = pod.containers[0]!;
     expect(d.metadata).toMatchObject({ name: "base-facilitator", namespace: "payments" });
@@ -145,7 +147,6 @@ describe("the Service and the PodDisruptionBudget", () => {
     const fn = network();
     const s = buildService(fn);
     new Service(s as never).validate();
-    expect(unknownFields(s, "V1Service")).toEqual([]);
     expect(s.metadata.name).toBe("base-facilitator");
     expect(s.spec.ports).toEqual([
       { name: "http", port: 4021, targetPort: "http", protocol: "TCP" },
@@ -159,7 +160,6 @@ describe("the Service and the PodDisruptionBudget", () => {
     expect(buildPodDisruptionBudget(network({ replicas: 1 }))).toBeUndefined();
     const pdb = buildPodDisruptionBudget(network({ replicas: 2 }))!;
     new PodDisruptionBudget(pdb as never).validate();
-    expect(unknownFields(pdb, "V1PodDisruptionBudget")).toEqual([]);
     expect(pdb.spec).toEqual({ maxUnavailable: 1, selector: { matchLabels: buildService(network()).spec.selector } });
   });
 });
@@ -257,7 +257,6 @@ describe("events", () => {
   it("are valid events.k8s.io/v1 Events with a MicroTime", () => {
     const e = buildEvent(network(), { type: "Warning", reason: "ChainIdMismatch", note: "x" }, { now: new Date("2026-01-01T00:00:00.123Z"), seq: 7, instance: "op-0", controller: "x402fleet.io/operator" });
     new Event(e as never).validate();
-    expect(unknownFields(e, "EventsV1Event")).toEqual([]);
     expect(e.eventTime).toBe("2026-01-01T00:00:00.123000Z");
     expect(e.regarding).toMatchObject({ kind: "FacilitatorNetwork", name: "base", namespace: "payments", uid: "uid-base" });
   });
@@ -361,5 +360,42 @@ describe("input checks", () => {
     expect((await checkInputs(fn, deps({ chains: { "https://b.example.com": 1 } }))).observation.blocker?.message).toBe(
       "RPC b.example.com reports chain id 1, but eip155:8453 needs 8453",
     );
+  });
+});
+
+describeWithControlPlane("the built objects on kube-apiserver (server-side dry run, strict field validation)", {}, (cp) => {
+  beforeAll(async () => {
+    await cp().kc.makeApiClient(CoreV1Api).createNamespace({ body: { metadata: { name: "payments" } } });
+  });
+  /** POST as kubectl would (the JSON as built, not client-node's typed models), dryRun=All: the status code and message. */
+  const dryRun = async (collection: string, body: object) => {
+    const res = await cp().request(`${collection}?dryRun=All&fieldValidation=Strict`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+    return { status: res.status, message: (JSON.parse(res.text) as { message?: string }).message ?? "" };
+  };
+  const full = network({
+    rpc: [{ secretKeyRef: { name: "base-rpc", key: "alchemy" } }, { url: "https://public.example.org/rpc" }],
+    schemes: ["exact", "upto"],
+    replicas: 3,
+    settlement: { receiptTimeoutSeconds: 15, confirmations: 2, maxFeePerGasWei: "50000000000" },
+    database: { urlSecretRef: { name: "base-db", key: "url" } },
+    resources: { requests: { cpu: "100m", memory: "128Mi" }, limits: { memory: "512Mi" } },
+  });
+
+  it("accepts the Deployment, the Service, the PodDisruptionBudget, the routing ConfigMap and an Event", async () => {
+    expect(await dryRun("/apis/apps/v1/namespaces/payments/deployments", buildDeployment(full, OPTS))).toEqual({ status: 201, message: "" });
+    expect(await dryRun("/api/v1/namespaces/payments/services", buildService(full))).toEqual({ status: 201, message: "" });
+    expect(await dryRun("/apis/policy/v1/namespaces/payments/poddisruptionbudgets", buildPodDisruptionBudget(full)!)).toEqual({ status: 201, message: "" });
+    const table = buildRoutingTable([], "cluster.local");
+    expect(await dryRun("/api/v1/namespaces/payments/configmaps", buildRoutingConfigMap(table, { name: "x402-fleet-routing", namespace: "payments" }))).toEqual({ status: 201, message: "" });
+    const e = buildEvent(full, { type: "Warning", reason: "ChainIdMismatch", note: "x" }, { now: new Date("2026-01-01T00:00:00.123Z"), seq: 7, instance: "op-0", controller: "x402fleet.io/operator" });
+    expect(await dryRun("/apis/events.k8s.io/v1/namespaces/payments/events", e)).toEqual({ status: 201, message: "" });
+  });
+
+  it("the check itself: the server refuses an unknown field and a selector that does not match the template", async () => {
+    const d = buildDeployment(full, OPTS);
+    const typo = { ...d, spec: { ...d.spec, replica: 2 } };
+    expect(await dryRun("/apis/apps/v1/namespaces/payments/deployments", typo)).toMatchObject({ status: 400, message: expect.stringContaining('unknown field "spec.replica"') });
+    const mismatch = { ...d, spec: { ...d.spec, selector: { matchLabels: { other: "x" } } } };
+    expect(await dryRun("/apis/apps/v1/namespaces/payments/deployments", mismatch)).toMatchObject({ status: 422, message: expect.stringContaining("`selector` does not match template `labels`") });
   });
 });

@@ -1,10 +1,12 @@
 // The real operator (client-node informers, watches, server-side apply, Lease election) against
-// the in-process API EMULATION (test/k8s-emulator: not a kube-apiserver), with real anvil
-// nodes answering the RPC chain-id check. The Deployment controller is played by a stand-in
-// that reports pods available (or not, or not yet) in the Deployment's status.
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+// a real control plane (test/helpers/control-plane.ts): kube-apiserver over etcd, the
+// Deployment/ReplicaSet controllers and the garbage collector of kube-controller-manager,
+// kube-scheduler and a kwok fake node that turns scheduled pods Ready; real anvil nodes answer
+// the RPC chain-id check. Pods are held back (not Ready) by cordoning the node. One control plane
+// for the file; each test has its own namespaces and operator namespace.
+import { afterAll, beforeAll, expect, it } from "vitest";
 import { spawn } from "node:child_process";
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -17,10 +19,9 @@ import { startOperator, type RunningOperator } from "../operator/operator.ts";
 import { createReconciler } from "../operator/reconcile.ts";
 import { connect } from "../operator/kube.ts";
 import { fetchChainId } from "../operator/checks.ts";
-import { condition, startEmulatedCluster, until, type EmulatedCluster } from "./k8s-emulator/harness.ts";
-
-const OPERATOR_NS = "x402-system";
-const NS = "payments";
+import { describeWithControlPlane, type ControlPlane } from "./helpers/control-plane.ts";
+import { CRD_PATH, clusterOf, condition, recordEvents, until, type Cluster } from "./helpers/cluster.ts";
+import { startApiProxy, type ApiProxy } from "./helpers/api-proxy.ts";
 const RPC_KEY = "SECRET-RPC-API-KEY-7f3a";
 
 let base: AnvilNode; // eip155:8453
@@ -33,26 +34,38 @@ afterAll(async () => {
 });
 
 interface World {
-  c: EmulatedCluster;
+  c: Cluster;
+  /** The test's namespaces: the networks' ("payments"), another one, the operator's. */
+  ns: string;
+  other: string;
+  opNs: string;
   logs: string[];
   operators: RunningOperator[];
-  start(identity?: string): Promise<RunningOperator>;
+  /** With `proxy`, the operators talk to the API server through it. */
+  start(identity?: string, proxy?: ApiProxy): Promise<RunningOperator>;
   stop(): Promise<void>;
 }
 
-async function world(): Promise<World> {
-  const c = await startEmulatedCluster();
+let seq = 0;
+async function world(cp: ControlPlane): Promise<World> {
+  const c = clusterOf(cp);
+  const id = `${process.pid}-${seq++}`;
+  const [ns, other, opNs] = [`payments-${id}`, `other-${id}`, `x402-system-${id}`];
+  for (const n of [ns, other, opNs]) await c.ensureNamespace(n);
   const logs: string[] = [];
   const logger = pino({ level: "debug" }, { write: (line: string) => void logs.push(line) });
   const operators: RunningOperator[] = [];
   return {
     c,
+    ns,
+    other,
+    opNs,
     logs,
     operators,
-    async start(identity = "op-0") {
+    async start(identity = "op-0", proxy) {
       const op = await startOperator({
-        kubeConfig: c.kc,
-        namespace: OPERATOR_NS,
+        kubeConfig: proxy ? cp.kubeConfigForToken(cp.adminToken, proxy.url) : c.kc,
+        namespace: opNs,
         facilitatorImage: "x402-fleet:test",
         identity,
         leaderElection: { leaseDurationMs: 1000, renewDeadlineMs: 600, retryPeriodMs: 100 },
@@ -65,7 +78,10 @@ async function world(): Promise<World> {
     },
     async stop() {
       await Promise.all(operators.map((o) => o.stop()));
-      await c.stop();
+      await c.uncordon();
+      // leave nothing another test's operator would see: networks (finalizers stripped), then the namespaces
+      await c.purgeNetworks([ns, other]);
+      for (const n of [ns, other, opNs]) await c.core.deleteNamespace({ name: n }).catch(() => undefined);
     },
   };
 }
@@ -75,9 +91,9 @@ function baseSpec(extra: Partial<FacilitatorNetworkSpec> = {}): FacilitatorNetwo
   return { network: "eip155:8453", rpc: [{ url: base.rpcUrl }], signerSecretRef: { name: "base-signer" }, database: { urlSecretRef: { name: "fleet-db", key: "url" } }, ...extra };
 }
 const DB_PASSWORD = "db-password-5be1";
-const putDatabaseSecret = (c: EmulatedCluster, ns = NS) => c.putSecret(ns, "fleet-db", { url: `postgres://x402:${DB_PASSWORD}@postgres.${ns}.svc:5432/x402` });
+const putDatabaseSecret = (c: Cluster, ns: string) => c.putSecret(ns, "fleet-db", { url: `postgres://x402:${DB_PASSWORD}@postgres.${ns}.svc:5432/x402` });
 
-async function waitFor(c: EmulatedCluster, ns: string, name: string, test: (fn: FacilitatorNetwork) => boolean, what: string): Promise<FacilitatorNetwork> {
+async function waitFor(c: Cluster, ns: string, name: string, test: (fn: FacilitatorNetwork) => boolean, what: string): Promise<FacilitatorNetwork> {
   return until(async () => {
     const fn = await c.getNetwork(ns, name);
     return fn && test(fn) ? fn : undefined;
@@ -85,8 +101,8 @@ async function waitFor(c: EmulatedCluster, ns: string, name: string, test: (fn: 
 }
 const ready = (fn: FacilitatorNetwork) => condition(fn, "Ready")?.status === "True" && fn.status?.observedGeneration === fn.metadata.generation;
 
-async function routingTable(c: EmulatedCluster): Promise<RoutingTable> {
-  const cm = await c.core.readNamespacedConfigMap({ namespace: OPERATOR_NS, name: "x402-fleet-routing" });
+async function routingTable(w: World): Promise<RoutingTable> {
+  const cm = await w.c.core.readNamespacedConfigMap({ namespace: w.opNs, name: "x402-fleet-routing" });
   return parseRoutingTable(cm.data![ROUTING_TABLE_KEY]!);
 }
 
@@ -100,25 +116,25 @@ async function exists(read: () => Promise<unknown>): Promise<boolean> {
   }
 }
 
-describe("the operator against the API emulation", () => {
+describeWithControlPlane("the operator on kube-apiserver", { controllers: true, fakeNodes: 1, crds: [CRD_PATH] }, (cp) => {
   it("create → a Deployment and a Service, Ready once a pod serves, and the network in the routing table; no secret anywhere", async () => {
-    const w = await world();
+    const w = await world(cp());
     try {
-      const { c } = w;
+      const { c, ns: NS, opNs: OPERATOR_NS } = w;
       const signerKey = generatePrivateKey();
       await c.putSecret(NS, "base-signer", { "signer-keys": `${signerKey}\n` });
       await c.putSecret(NS, "base-rpc", { url: `${base.rpcUrl}/?apikey=${RPC_KEY}` });
-      await putDatabaseSecret(c);
-      c.deployments.setUnavailable(NS, "base-facilitator", true);
+      await putDatabaseSecret(c, NS);
+      await c.cordon(); // no pod can start
       await w.start();
       await c.createNetwork(NS, "base", baseSpec({ rpc: [{ secretKeyRef: { name: "base-rpc", key: "url" } }] }));
 
       // the pods are not available yet: not Ready, not routed
       const waiting = await waitFor(c, NS, "base", (fn) => condition(fn, "Ready")?.reason === "DeploymentUnavailable", "Ready=False DeploymentUnavailable");
       expect(condition(waiting, "Progressing")).toMatchObject({ status: "True", reason: "RollingOut" });
-      expect((await routingTable(c)).backends).toEqual([]);
+      expect((await routingTable(w)).backends).toEqual([]);
 
-      c.deployments.setUnavailable(NS, "base-facilitator", false);
+      await c.uncordon();
       const fn = await waitFor(c, NS, "base", ready, "Ready");
       expect(fn.metadata.finalizers).toEqual([FINALIZER]);
       expect(fn.status).toMatchObject({
@@ -126,7 +142,7 @@ describe("the operator against the API emulation", () => {
         chainId: 8453,
         signers: [privateKeyToAccount(signerKey).address],
         kinds: [{ x402Version: 2, scheme: "exact", network: "eip155:8453" }],
-        url: "http://base-facilitator.payments.svc.cluster.local:4021/v2",
+        url: `http://base-facilitator.${NS}.svc.cluster.local:4021/v2`,
         readyReplicas: 1,
       });
       expect(condition(fn, "Progressing")).toMatchObject({ status: "False", reason: "RolloutComplete" });
@@ -147,14 +163,14 @@ describe("the operator against the API emulation", () => {
       };
       expect(statusOwner.metadata.managedFields).toContainEqual(expect.objectContaining({ manager: FIELD_MANAGER, subresource: "status" }));
 
-      const table = await routingTable(c);
+      const table = await routingTable(w);
       expect(table.backends).toEqual([{ network: "eip155:8453", url: fn.status!.url, kinds: fn.status!.kinds, signers: fn.status!.signers, extensions: ["eip2612GasSponsoring"] }]);
       const events = await c.eventsFor(NS, "base");
       expect(events).toContainEqual(expect.objectContaining({ type: "Normal", reason: "Ready", reportingInstance: "op-0" }));
 
       // the routing ConfigMap is level-triggered too: deleted by hand, it comes back
       await c.core.deleteNamespacedConfigMap({ namespace: OPERATOR_NS, name: "x402-fleet-routing" });
-      await until(async () => (await routingTable(c).catch(() => undefined))?.backends.length === 1, "the routing ConfigMap to be restored");
+      await until(async () => (await routingTable(w).catch(() => undefined))?.backends.length === 1, "the routing ConfigMap to be restored");
 
       // secrets: the RPC key and the signer key appear in no log line, event, status, child or table
       const everything = JSON.stringify({ logs: w.logs, events, status: fn.status, d, svc, table });
@@ -168,26 +184,26 @@ describe("the operator against the API emulation", () => {
   });
 
   it("a missing signer Secret → Degraded with a Warning event, healed when the Secret appears", async () => {
-    const w = await world();
+    const w = await world(cp());
     try {
-      const { c } = w;
-      await putDatabaseSecret(c);
+      const { c, ns: NS } = w;
+      await putDatabaseSecret(c, NS);
       await w.start();
       await c.createNetwork(NS, "base", baseSpec());
       const degraded = await waitFor(c, NS, "base", (fn) => condition(fn, "Degraded")?.status === "True", "Degraded");
-      expect(condition(degraded, "Degraded")).toMatchObject({ reason: "SignerSecretNotFound", message: 'signer Secret "base-signer" not found in namespace payments' });
+      expect(condition(degraded, "Degraded")).toMatchObject({ reason: "SignerSecretNotFound", message: `signer Secret "base-signer" not found in namespace ${NS}` });
       expect(condition(degraded, "Ready")).toMatchObject({ status: "False", reason: "SignerSecretNotFound" });
       expect(condition(degraded, "Progressing")).toMatchObject({ status: "False", reason: "Blocked" });
       await until(async () => (await c.eventsFor(NS, "base")).find((e) => e.type === "Warning" && e.reason === "SignerSecretNotFound"), "the Warning event");
       expect(await exists(() => c.apps.readNamespacedDeployment({ namespace: NS, name: "base-facilitator" }))).toBe(false);
-      expect((await routingTable(c)).backends).toEqual([]);
+      expect((await routingTable(w)).backends).toEqual([]);
 
       await c.putSecret(NS, "base-signer", { "signer-keys": generatePrivateKey() });
       const healed = await waitFor(c, NS, "base", ready, "Ready after the Secret appeared");
       expect(condition(healed, "Degraded")).toMatchObject({ status: "False", reason: "AsExpected" });
       expect(await c.apps.readNamespacedDeployment({ namespace: NS, name: "base-facilitator" })).toBeDefined();
       await until(async () => (await c.eventsFor(NS, "base")).find((e) => e.reason === "Recovered"), "the Recovered event");
-      expect((await routingTable(c)).backends.map((b) => b.network)).toEqual(["eip155:8453"]);
+      expect((await routingTable(w)).backends.map((b) => b.network)).toEqual(["eip155:8453"]);
       // one Warning for the one state change, not one per retry
       expect((await c.eventsFor(NS, "base")).filter((e) => e.reason === "SignerSecretNotFound")).toHaveLength(1);
     } finally {
@@ -196,11 +212,11 @@ describe("the operator against the API emulation", () => {
   });
 
   it("an RPC on another chain → ChainIdMismatch (asked of the real RPC); fixed by pointing it at the right chain", async () => {
-    const w = await world();
+    const w = await world(cp());
     try {
-      const { c } = w;
+      const { c, ns: NS } = w;
       await c.putSecret(NS, "base-signer", { "signer-keys": generatePrivateKey() });
-      await putDatabaseSecret(c);
+      await putDatabaseSecret(c, NS);
       await w.start();
       await c.createNetwork(NS, "base", baseSpec({ rpc: [{ url: polygon.rpcUrl }] }));
       const wrong = await waitFor(c, NS, "base", (fn) => condition(fn, "Degraded")?.reason === "ChainIdMismatch", "ChainIdMismatch");
@@ -220,12 +236,12 @@ describe("the operator against the API emulation", () => {
   });
 
   it("an RPC outage → Degraded (RpcUnreachable) while the network stays Ready and routed; recovered by the retries", async () => {
-    const w = await world();
+    const w = await world(cp());
     const own = await startAnvil({ chainId: 8453 });
     try {
-      const { c } = w;
+      const { c, ns: NS } = w;
       await c.putSecret(NS, "base-signer", { "signer-keys": generatePrivateKey() });
-      await putDatabaseSecret(c);
+      await putDatabaseSecret(c, NS);
       await w.start();
       await c.createNetwork(NS, "base", baseSpec({ rpc: [{ url: own.rpcUrl }] }));
       await waitFor(c, NS, "base", ready, "Ready");
@@ -233,7 +249,7 @@ describe("the operator against the API emulation", () => {
       await c.patchNetwork(NS, "base", { metadata: { labels: { touched: "yes" } } }); // any event triggers a pass
       const outage = await waitFor(c, NS, "base", (fn) => condition(fn, "Degraded")?.reason === "RpcUnreachable", "RpcUnreachable");
       expect(condition(outage, "Ready")!.status).toBe("True");
-      expect((await routingTable(c)).backends.map((b) => b.network)).toEqual(["eip155:8453"]);
+      expect((await routingTable(w)).backends.map((b) => b.network)).toEqual(["eip155:8453"]);
       const restarted = await startAnvil({ chainId: 8453, port: own.port });
       try {
         await waitFor(c, NS, "base", (fn) => condition(fn, "Degraded")?.status === "False", "recovery without any event");
@@ -247,18 +263,18 @@ describe("the operator against the API emulation", () => {
   });
 
   it("a spec change → a rollout and the new observedGeneration; a Secret change rolls the pods; a PodDisruptionBudget while replicas > 1", async () => {
-    const w = await world();
+    const w = await world(cp());
     try {
-      const { c } = w;
+      const { c, ns: NS } = w;
       const key1 = generatePrivateKey();
       await c.putSecret(NS, "base-signer", { "signer-keys": key1 });
-      await putDatabaseSecret(c);
+      await putDatabaseSecret(c, NS);
       await w.start();
       await c.createNetwork(NS, "base", baseSpec());
       await waitFor(c, NS, "base", ready, "Ready");
       const before = await c.apps.readNamespacedDeployment({ namespace: NS, name: "base-facilitator" });
 
-      c.deployments.pause(); // the new pods do not come up yet
+      await c.cordon(); // the new pods do not come up yet
       await c.patchNetwork(NS, "base", { spec: { replicas: 2, settlement: { receiptTimeoutSeconds: 12 } } });
       const rolling = await waitFor(c, NS, "base", (fn) => fn.status?.observedGeneration === 2 && condition(fn, "Progressing")?.status === "True", "rollout in progress");
       expect(condition(rolling, "Ready")!.status).toBe("True"); // the old pods still serve
@@ -270,7 +286,7 @@ describe("the operator against the API emulation", () => {
       expect(await exists(() => c.policy.readNamespacedPodDisruptionBudget({ namespace: NS, name: "base-facilitator" }))).toBe(true);
       await until(async () => (await c.eventsFor(NS, "base")).filter((e) => e.reason === "RollingOut").length >= 2, "a RollingOut event for the change");
 
-      c.deployments.resume();
+      await c.uncordon();
       const rolled = await waitFor(c, NS, "base", (fn) => condition(fn, "Progressing")?.reason === "RolloutComplete" && fn.status?.readyReplicas === 2, "rollout complete");
       expect(rolled.status!.observedGeneration).toBe(2);
 
@@ -283,18 +299,18 @@ describe("the operator against the API emulation", () => {
       }, "the pod template to change with the Secret");
       expect(rotated.metadata!.generation).toBe(d.metadata!.generation! + 1);
       await waitFor(c, NS, "base", (fn) => fn.status?.signers?.[0] === privateKeyToAccount(key2).address, "the new signer in status");
-      await until(async () => (await routingTable(c)).backends[0]?.signers[0] === privateKeyToAccount(key2).address, "the new signer in the routing table");
+      await until(async () => (await routingTable(w)).backends[0]?.signers[0] === privateKeyToAccount(key2).address, "the new signer in the routing table");
 
       // so does a new database password (the database Secret is watched too); with the Deployment
       // settled and its controller paused, only the Secret's event can trigger this pass
       await waitFor(c, NS, "base", (fn) => condition(fn, "Progressing")?.reason === "RolloutComplete" && fn.status?.signers?.[0] === privateKeyToAccount(key2).address, "the rotation rolled out");
-      c.deployments.pause();
-      await c.putSecret(NS, "fleet-db", { url: "postgres://x402:rotated-password@postgres.payments.svc:5432/x402" });
+      await c.cordon();
+      await c.putSecret(NS, "fleet-db", { url: `postgres://x402:rotated-password@postgres.${NS}.svc:5432/x402` });
       await until(async () => {
         const dep = await c.apps.readNamespacedDeployment({ namespace: NS, name: "base-facilitator" });
         return dep.spec!.template.metadata!.annotations![ANNOTATION_SECRETS_HASH] !== rotated.spec!.template.metadata!.annotations![ANNOTATION_SECRETS_HASH];
       }, "the pod template to change with the database Secret");
-      c.deployments.resume();
+      await c.uncordon();
 
       await c.patchNetwork(NS, "base", { spec: { replicas: 1 } });
       await until(async () => !(await exists(() => c.policy.readNamespacedPodDisruptionBudget({ namespace: NS, name: "base-facilitator" }))), "the PodDisruptionBudget to go");
@@ -304,25 +320,31 @@ describe("the operator against the API emulation", () => {
   });
 
   it("delete → the finalizer removes the routing entry first, then the resource goes and its children are collected", async () => {
-    const w = await world();
+    const w = await world(cp());
     try {
-      const { c, api } = { c: w.c, api: w.c.api };
+      const { c, ns: NS, opNs: OPERATOR_NS } = w;
       await c.putSecret(NS, "base-signer", { "signer-keys": generatePrivateKey() });
       await c.putSecret(NS, "polygon-signer", { "signer-keys": generatePrivateKey() });
-      await putDatabaseSecret(c);
+      await putDatabaseSecret(c, NS);
       await w.start();
       await c.createNetwork(NS, "base", baseSpec({ replicas: 2 }));
       await c.createNetwork(NS, "polygon", { network: "eip155:137", rpc: [{ url: polygon.rpcUrl }], signerSecretRef: { name: "polygon-signer" } });
       await waitFor(c, NS, "base", ready, "base Ready");
       await waitFor(c, NS, "polygon", ready, "polygon Ready");
-      await until(async () => (await routingTable(c)).backends.length === 2, "both networks routed");
+      await until(async () => (await routingTable(w)).backends.length === 2, "both networks routed");
       expect(await exists(() => c.policy.readNamespacedPodDisruptionBudget({ namespace: NS, name: "base-facilitator" }))).toBe(true);
 
+      const recorder = await recordEvents(c.kc, [
+        { kind: "FacilitatorNetwork", path: `/apis/x402fleet.io/v1alpha1/namespaces/${NS}/facilitatornetworks` },
+        { kind: "ConfigMap", path: `/api/v1/namespaces/${OPERATOR_NS}/configmaps` },
+      ]);
       await c.deleteNetwork(NS, "base");
       await until(async () => (await c.getNetwork(NS, "base")) === undefined, "the resource to go");
-      expect((await routingTable(c)).backends.map((b) => b.network)).toEqual(["eip155:137"]);
+      expect((await routingTable(w)).backends.map((b) => b.network)).toEqual(["eip155:137"]);
       // ordering: the last routing table written before the resource disappeared had no entry for it
-      const history = api.history();
+      await until(() => recorder.events.some((e) => e.kind === "FacilitatorNetwork" && e.type === "DELETED"), "the DELETED event");
+      recorder.stop();
+      const history = recorder.events;
       const gone = history.find((e) => e.kind === "FacilitatorNetwork" && e.name === "base" && e.type === "DELETED")!;
       const lastTable = history.filter((e) => e.kind === "ConfigMap" && e.name === "x402-fleet-routing" && e.rv < gone.rv).pop()!;
       expect(JSON.parse((lastTable.object.data as Record<string, string>)[ROUTING_TABLE_KEY]!).backends.map((b: { network: string }) => b.network)).toEqual(["eip155:137"]);
@@ -333,7 +355,6 @@ describe("the operator against the API emulation", () => {
           !(await exists(() => c.policy.readNamespacedPodDisruptionBudget({ namespace: NS, name: "base-facilitator" }))),
         "garbage collection of the Deployment, Service and PodDisruptionBudget",
       );
-      expect(api.stats().garbageCollected).toBeGreaterThanOrEqual(3);
       expect(await c.apps.readNamespacedDeployment({ namespace: NS, name: "polygon-facilitator" })).toBeDefined();
     } finally {
       await w.stop();
@@ -341,15 +362,15 @@ describe("the operator against the API emulation", () => {
   });
 
   it("the finalizer releases a resource only after its routing entry is written away, even when the cache still lists it as Ready", async () => {
-    const w = await world();
+    const w = await world(cp());
     try {
-      const { c } = w;
+      const { c, ns: NS, opNs: OPERATOR_NS } = w;
       await c.putSecret(NS, "base-signer", { "signer-keys": generatePrivateKey() });
-      await putDatabaseSecret(c);
+      await putDatabaseSecret(c, NS);
       const op = await w.start();
       await c.createNetwork(NS, "base", baseSpec());
       const readyFn = await waitFor(c, NS, "base", ready, "Ready");
-      await until(async () => (await routingTable(c)).backends.length === 1, "the entry");
+      await until(async () => (await routingTable(w)).backends.length === 1, "the entry");
       await op.stop(); // from here on, one reconcile pass driven by hand, with a stale cache
       const reconciler = createReconciler({
         kube: connect(c.kc),
@@ -359,29 +380,35 @@ describe("the operator against the API emulation", () => {
         config: { image: "x402-fleet:test", clusterDomain: "cluster.local", routingConfigMap: { name: "x402-fleet-routing", namespace: OPERATOR_NS }, identity: "by-hand" },
         logger: pino({ level: "silent" }),
       });
+      const recorder = await recordEvents(c.kc, [
+        { kind: "FacilitatorNetwork", path: `/apis/x402fleet.io/v1alpha1/namespaces/${NS}/facilitatornetworks` },
+        { kind: "ConfigMap", path: `/api/v1/namespaces/${OPERATOR_NS}/configmaps` },
+      ]);
       await c.deleteNetwork(NS, "base");
       expect((await c.getNetwork(NS, "base"))!.metadata.deletionTimestamp).toBeDefined(); // held by the finalizer
-      expect((await routingTable(c)).backends).toHaveLength(1);
+      expect((await routingTable(w)).backends).toHaveLength(1);
       expect(await reconciler.reconcileNetwork(`${NS}/base`)).toEqual({ action: "done" });
       expect(await c.getNetwork(NS, "base")).toBeUndefined();
-      const history = c.api.history();
+      await until(() => recorder.events.some((e) => e.kind === "FacilitatorNetwork" && e.type === "DELETED"), "the DELETED event");
+      recorder.stop();
+      const history = recorder.events;
       const gone = history.find((e) => e.kind === "FacilitatorNetwork" && e.type === "DELETED")!;
       const tables = history.filter((e) => e.kind === "ConfigMap" && e.name === "x402-fleet-routing");
       const before = tables.filter((e) => e.rv < gone.rv).pop()!;
       expect(JSON.parse((before.object.data as Record<string, string>)[ROUTING_TABLE_KEY]!).backends).toEqual([]);
       await reconciler.syncRoutingTable(); // a later sync from the same stale cache does not bring it back
-      expect((await routingTable(c)).backends).toEqual([]);
+      expect((await routingTable(w)).backends).toEqual([]);
     } finally {
       await w.stop();
     }
   });
 
   it("two operator replicas → one leader; it crashes → the other takes over the Lease and reconciles", async () => {
-    const w = await world();
+    const w = await world(cp());
     try {
-      const { c } = w;
+      const { c, ns: NS, opNs: OPERATOR_NS } = w;
       await c.putSecret(NS, "base-signer", { "signer-keys": generatePrivateKey() });
-      await putDatabaseSecret(c);
+      await putDatabaseSecret(c, NS);
       const a = await w.start("op-a");
       const b = await w.start("op-b");
       const leader = await until(() => (a.isLeader() ? a : b.isLeader() ? b : undefined), "a leader");
@@ -415,74 +442,132 @@ describe("the operator against the API emulation", () => {
   });
 
   it("a dropped watch with the history compacted meanwhile → 410 Gone, the informers relist and converge", async () => {
-    const w = await world();
+    const w = await world(cp());
+    const proxy = await startApiProxy(cp().url, cp().caPem);
     try {
-      const { c } = w;
-      const { api } = c;
+      const { c, ns: NS } = w;
       await c.putSecret(NS, "base-signer", { "signer-keys": generatePrivateKey() });
-      await putDatabaseSecret(c);
-      const op = await w.start();
+      await putDatabaseSecret(c, NS);
+      const op = await w.start("op-0", proxy);
       await c.createNetwork(NS, "base", baseSpec());
       await waitFor(c, NS, "base", ready, "Ready");
 
-      api.holdWatches();
-      expect(api.disconnectWatches()).toBeGreaterThanOrEqual(4); // networks, deployments, secrets, routing ConfigMap
-      // changes the operator cannot see while its watches are down
+      // the watches end (as a server's request timeout ends them) and their re-watches are held back
+      proxy.hold();
+      expect(proxy.endWatches()).toBeGreaterThanOrEqual(4); // networks, deployments, secrets, routing ConfigMap
+      // changes the operator cannot see while its watches are down, then etcd compacted past them
       await c.putSecret(NS, "polygon-signer", { "signer-keys": generatePrivateKey() });
       await c.createNetwork(NS, "polygon", { network: "eip155:137", rpc: [{ url: polygon.rpcUrl }], signerSecretRef: { name: "polygon-signer" } });
       await c.patchNetwork(NS, "base", { spec: { replicas: 2 } });
-      api.compact();
-      const before = api.stats();
+      await c.cp.compactEtcd();
+      const before = proxy.stats();
       const informersBefore = op.stats().informers.networks!.connects;
-      api.releaseWatches();
+      proxy.release();
 
       await waitFor(c, NS, "polygon", ready, "polygon Ready after the relist");
       await waitFor(c, NS, "base", (fn) => ready(fn) && fn.status?.observedGeneration === 2, "base at generation 2");
-      await until(async () => (await routingTable(c)).backends.length === 2, "both networks routed");
-      const after = api.stats();
-      expect(after.gone).toBeGreaterThanOrEqual(4); // every informer's watch was answered 410
+      await until(async () => (await routingTable(w)).backends.length === 2, "both networks routed");
+      const after = proxy.stats();
+      expect(after.gone).toBeGreaterThanOrEqual(before.gone + 4); // kube-apiserver answered every informer's re-watch with 410
       expect(after.lists).toBeGreaterThanOrEqual(before.lists + 4); // and every informer listed again
       expect(op.stats().informers.networks!.connects).toBeGreaterThan(informersBefore);
     } finally {
       await w.stop();
+      await proxy.close();
     }
   });
 
   it("two resources for one network → the younger is Degraded (NetworkConflict) until the older goes", async () => {
-    const w = await world();
+    const w = await world(cp());
     try {
-      const { c } = w;
+      const { c, ns: NS } = w;
       await c.putSecret(NS, "base-signer", { "signer-keys": generatePrivateKey() });
-      await c.putSecret("other", "base-signer", { "signer-keys": generatePrivateKey() });
-      await putDatabaseSecret(c);
-      await putDatabaseSecret(c, "other");
+      const OTHER = w.other;
+      await c.putSecret(OTHER, "base-signer", { "signer-keys": generatePrivateKey() });
+      await putDatabaseSecret(c, NS);
+      await putDatabaseSecret(c, w.other);
       await w.start();
       await c.createNetwork(NS, "base", baseSpec());
       await waitFor(c, NS, "base", ready, "the first Ready");
-      await c.createNetwork("other", "base-too", baseSpec());
-      const second = await waitFor(c, "other", "base-too", (fn) => condition(fn, "Degraded")?.reason === "NetworkConflict", "NetworkConflict");
-      expect(condition(second, "Degraded")!.message).toBe("eip155:8453 is already served by FacilitatorNetwork payments/base");
-      expect((await routingTable(c)).backends.map((b) => b.url)).toEqual(["http://base-facilitator.payments.svc.cluster.local:4021/v2"]);
+      await c.createNetwork(OTHER, "base-too", baseSpec());
+      const second = await waitFor(c, OTHER, "base-too", (fn) => condition(fn, "Degraded")?.reason === "NetworkConflict", "NetworkConflict");
+      expect(condition(second, "Degraded")!.message).toBe(`eip155:8453 is already served by FacilitatorNetwork ${NS}/base`);
+      expect((await routingTable(w)).backends.map((b) => b.url)).toEqual([`http://base-facilitator.${NS}.svc.cluster.local:4021/v2`]);
 
       await c.deleteNetwork(NS, "base");
-      await waitFor(c, "other", "base-too", ready, "the second Ready once the first is gone");
-      await until(async () => (await routingTable(c)).backends[0]?.url === "http://base-too-facilitator.other.svc.cluster.local:4021/v2", "the table to follow");
+      await waitFor(c, OTHER, "base-too", ready, "the second Ready once the first is gone");
+      await until(async () => (await routingTable(w)).backends[0]?.url === `http://base-too-facilitator.${OTHER}.svc.cluster.local:4021/v2`, "the table to follow");
     } finally {
       await w.stop();
     }
   });
-});
 
+  it("three operator processes: the leader killed mid-reconcile → another takes the Lease within its duration; no child or routing entry lost or duplicated", async () => {
+    const w = await world(cp());
+    const optimism = await startAnvil({ chainId: 10 });
+    const dir = await mkdtemp(join(tmpdir(), "x402-operator-ha-"));
+    const kubeconfig = cp().writeKubeconfig(cp().adminToken, join(dir, "kubeconfig"));
+    const bin = fileURLToPath(new URL("../bin/x402-fleet.js", import.meta.url));
+    const LEASE_MS = 15_000; // the CLI's (controller-runtime's) default lease duration
+    const procs = new Map<string, ReturnType<typeof spawn>>();
+    try {
+      const { c, ns: NS, opNs: OPERATOR_NS } = w;
+      const chains = [
+        { name: "base", network: "eip155:8453", rpc: base.rpcUrl },
+        { name: "polygon", network: "eip155:137", rpc: polygon.rpcUrl },
+        { name: "optimism", network: "eip155:10", rpc: optimism.rpcUrl },
+      ];
+      for (const ch of chains) await c.putSecret(NS, `${ch.name}-signer`, { "signer-keys": generatePrivateKey() });
+      await putDatabaseSecret(c, NS);
+      for (const id of ["op-1", "op-2", "op-3"]) {
+        const child = spawn(process.execPath, [bin, "operator", "--facilitator-image", "x402-fleet:ha", "--namespace", OPERATOR_NS, "--admin-port", "0", "--host", "127.0.0.1"], {
+          env: { PATH: process.env.PATH ?? "", HOME: dir, KUBECONFIG: kubeconfig, POD_NAME: id, LOG_LEVEL: "warn", X402_WATCH_NAMESPACE: NS },
+          stdio: ["ignore", "ignore", "ignore"],
+        });
+        procs.set(id, child);
+      }
+      const lease = () => c.coordination.readNamespacedLease({ namespace: OPERATOR_NS, name: "x402-fleet-operator" });
+      const first = (await until(async () => (await lease()).spec?.holderIdentity || undefined, "a leader", 60_000)) as string;
 
-describe("the `x402-fleet operator` command", () => {
-  it("runs from a kubeconfig, serves /readyz and /metrics on its admin port, and on SIGTERM releases the Lease and exits 0", async () => {
-    const c = await startEmulatedCluster();
+      for (const ch of chains) await c.createNetwork(NS, ch.name, baseSpec({ network: ch.network, rpc: [{ url: ch.rpc }], signerSecretRef: { name: `${ch.name}-signer` } }));
+      // mid-reconcile: the leader has written some children, not all networks are Ready yet
+      await until(async () => (await c.apps.listNamespacedDeployment({ namespace: NS })).items.length >= 1, "the leader's first Deployment", 60_000);
+      const killedAt = Date.now();
+      procs.get(first)!.kill("SIGKILL"); // a crash: the Lease is not released
+      const taken = await until(async () => {
+        const l = await lease();
+        return l.spec?.holderIdentity && l.spec.holderIdentity !== first ? l : undefined;
+      }, "another operator to take the Lease", 60_000);
+      expect(["op-1", "op-2", "op-3"].filter((id) => id !== first)).toContain(taken.spec!.holderIdentity);
+      expect(taken.spec!.leaseTransitions).toBe(1);
+      // within the lease duration after the last renewal (plus one retry period of 2 s and slack for a busy machine)
+      expect(new Date(taken.spec!.acquireTime as unknown as string).getTime() - killedAt).toBeLessThan(LEASE_MS + 2_000 + 3_000);
+
+      for (const ch of chains) await waitFor(c, NS, ch.name, ready, `${ch.name} Ready under the new leader`);
+      const table = await until(async () => {
+        const t = await routingTable(w);
+        return t.backends.length === chains.length ? t : undefined;
+      }, "every network routed");
+      expect(table.backends.map((b) => b.network).sort()).toEqual(chains.map((ch) => ch.network).sort());
+      const managed = { namespace: NS, labelSelector: "app.kubernetes.io/managed-by=x402-fleet-operator" };
+      expect((await c.apps.listNamespacedDeployment(managed)).items.map((d) => d.metadata!.name).sort()).toEqual(chains.map((ch) => `${ch.name}-facilitator`).sort());
+      expect((await c.core.listNamespacedService(managed)).items.map((d) => d.metadata!.name).sort()).toEqual(chains.map((ch) => `${ch.name}-facilitator`).sort());
+      // exactly one ReplicaSet per Deployment: no second writer changed a pod template
+      const replicaSets = (await c.apps.listNamespacedReplicaSet({ namespace: NS })).items;
+      expect(replicaSets.map((r) => r.metadata!.ownerReferences![0]!.name).sort()).toEqual(chains.map((ch) => `${ch.name}-facilitator`).sort());
+    } finally {
+      for (const child of procs.values()) await stopChild(child);
+      await optimism.stop();
+      await w.stop();
+      await rm(dir, { recursive: true, force: true });
+    }
+  }, 120_000);
+
+  it("the `x402-fleet operator` command runs from a kubeconfig, serves /readyz and /metrics on its admin port, and on SIGTERM releases the Lease and exits 0", async () => {
+    const w = await world(cp());
+    const { c, opNs: OPERATOR_NS } = w;
     const dir = await mkdtemp(join(tmpdir(), "x402-operator-cli-"));
-    const kubeconfig = join(dir, "kubeconfig");
-    await writeFile(
-      kubeconfig,
-      `apiVersion: v1\nkind: Config\nclusters: [{name: emu, cluster: {server: "${c.api.url}", insecure-skip-tls-verify: true}}]\nusers: [{name: u, user: {token: t}}]\ncontexts: [{name: emu, context: {cluster: emu, user: u}}]\ncurrent-context: emu\n`,
-    );
+    const kubeconfig = cp().writeKubeconfig(cp().adminToken, join(dir, "kubeconfig"));
     const bin = fileURLToPath(new URL("../bin/x402-fleet.js", import.meta.url));
     const child = spawn(process.execPath, [bin, "operator", "--facilitator-image", "x402-fleet:cli", "--namespace", OPERATOR_NS, "--admin-port", "0", "--host", "127.0.0.1"], {
       env: { PATH: process.env.PATH ?? "", HOME: dir, KUBECONFIG: kubeconfig, POD_NAME: "op-cli", LOG_LEVEL: "info" },
@@ -505,7 +590,7 @@ describe("the `x402-fleet operator` command", () => {
       expect(released.spec!.holderIdentity).toBe("");
     } finally {
       await stopChild(child);
-      await c.stop();
+      await w.stop();
       await rm(dir, { recursive: true, force: true });
     }
   });

@@ -1,12 +1,13 @@
-// The CRD in crds/ (the single source), and the API emulation's semantics the operator relies
-// on, exercised through @kubernetes/client-node as a user (kubectl's role) would. The emulation
-// validates FacilitatorNetworks against the CRD's own openAPIV3Schema and CEL rules.
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+// The CRD in crds/ (the single source), installed into a real kube-apiserver, and the API
+// semantics the operator relies on, exercised through @kubernetes/client-node as a user
+// (kubectl's role) would. kube-apiserver itself enforces the CRD's openAPIV3Schema and CEL rules;
+// kube-controller-manager's garbage collector collects dependents.
+import { beforeAll, describe, expect, it } from "vitest";
 import { CustomResourceDefinition } from "kubernetes-models/apiextensions.k8s.io/v1";
-import { PatchStrategy, setHeaderOptions } from "@kubernetes/client-node";
+import { ApiextensionsV1Api, PatchStrategy, Watch, setHeaderOptions } from "@kubernetes/client-node";
 import { GROUP, PLURAL, VERSION } from "../operator/api.ts";
-import { loadCrd, startEmulatedCluster, type EmulatedCluster } from "./k8s-emulator/harness.ts";
-import { assertStructural, type Schema } from "./k8s-emulator/schema.ts";
+import { describeWithControlPlane } from "./helpers/control-plane.ts";
+import { CRD_PATH, clusterOf, installCrd, loadCrd, type Cluster } from "./helpers/cluster.ts";
 
 const ref = { group: GROUP, version: VERSION, plural: PLURAL };
 const spec = { network: "eip155:8453", rpc: [{ url: "https://rpc.example.com" }], signerSecretRef: { name: "base-signer" } };
@@ -23,27 +24,32 @@ async function rejection(p: Promise<unknown>): Promise<{ code: number; message: 
   throw new Error("expected the API to refuse the request");
 }
 
-let c: EmulatedCluster;
+describeWithControlPlane("the CRD on kube-apiserver", { controllers: true, crds: [CRD_PATH] }, (cp) => {
+let c: Cluster;
 beforeAll(async () => {
-  c = await startEmulatedCluster({ deploymentController: false });
-});
-afterAll(async () => {
-  await c?.stop();
+  c = clusterOf(cp());
+  await installCrd(c.cp);
+  for (const ns of ["ns", "sem", "other"]) await c.ensureNamespace(ns);
 });
 
 describe("the CRD file", () => {
-  it("is a valid, structural apiextensions.k8s.io/v1 CRD with a status subresource and the printer columns", () => {
+  it("is accepted by kube-apiserver as a structural apiextensions.k8s.io/v1 CRD with a status subresource and the printer columns", async () => {
     const crd = loadCrd();
     new CustomResourceDefinition(crd as never).validate();
-    const v = (crd as { spec: { versions: { name: string; schema: { openAPIV3Schema: Schema }; subresources: object; additionalPrinterColumns: { name: string }[] }[] } }).spec.versions;
+    const v = (crd as { spec: { versions: { name: string; subresources: object; additionalPrinterColumns: { name: string }[] }[] } }).spec.versions;
     expect(v.map((x) => x.name)).toEqual(["v1alpha1"]);
-    assertStructural(v[0]!.schema.openAPIV3Schema); // every node typed, CEL compiles, defaults valid
     expect(v[0]!.subresources).toEqual({ status: {} });
     expect(v[0]!.additionalPrinterColumns.map((col) => col.name)).toEqual(["Network", "Schemes", "Ready", "Replicas", "Reason", "Age"]);
+    // The server refuses a non-structural schema, CEL that does not compile or exceeds its cost
+    // budget, and invalid defaults at creation; it accepted this one and reports no problem.
+    const served = await c.kc.makeApiClient(ApiextensionsV1Api).readCustomResourceDefinition({ name: (crd as { metadata: { name: string } }).metadata.name });
+    const conditions = Object.fromEntries(served.status!.conditions!.map((x) => [x.type, x.status]));
+    expect(conditions).toMatchObject({ NamesAccepted: "True", Established: "True" });
+    expect(conditions.NonStructuralSchema).toBeUndefined();
   });
 });
 
-describe("FacilitatorNetwork validation (the CRD's schema and CEL rules, enforced by the emulation)", () => {
+describe("FacilitatorNetwork validation (the CRD's schema and CEL rules, enforced by kube-apiserver)", () => {
   it("refuses an invalid network", async () => {
     const r = await rejection(c.createNetwork("ns", "bad-network", { ...spec, network: "eip155:0x2105" }));
     expect(r.code).toBe(422);
@@ -91,14 +97,14 @@ describe("FacilitatorNetwork validation (the CRD's schema and CEL rules, enforce
 
   it("shows the printer columns through the Table API (what kubectl get prints)", async () => {
     await c.createNetwork("ns", "table", spec);
-    const res = await fetch(`${c.api.url}/apis/${GROUP}/${VERSION}/namespaces/ns/${PLURAL}/table`, { headers: { accept: "application/json;as=Table;v=v1;g=meta.k8s.io" } });
-    const t = (await res.json()) as { columnDefinitions: { name: string }[]; rows: { cells: unknown[] }[] };
+    const res = await c.cp.request(`/apis/${GROUP}/${VERSION}/namespaces/ns/${PLURAL}/table`, { headers: { accept: "application/json;as=Table;v=v1;g=meta.k8s.io" } });
+    const t = JSON.parse(res.text) as { columnDefinitions: { name: string }[]; rows: { cells: unknown[] }[] };
     expect(t.columnDefinitions.map((x) => x.name)).toEqual(["Name", "Network", "Schemes", "Ready", "Replicas", "Reason", "Age"]);
-    expect(t.rows[0]!.cells.slice(0, 3)).toEqual(["table", "eip155:8453", ["exact"]]);
+    expect(t.rows[0]!.cells.slice(0, 3)).toEqual(["table", "eip155:8453", '["exact"]']); // a string column renders the array as JSON
   });
 });
 
-describe("API semantics the operator relies on (emulated)", () => {
+describe("API semantics the operator relies on", () => {
   it("refuses an update with a stale resourceVersion (409) and bumps generation on spec changes only", async () => {
     const fn = await c.createNetwork("sem", "rv", spec);
     expect(fn.metadata.generation).toBe(1);
@@ -156,18 +162,23 @@ describe("API semantics the operator relies on (emulated)", () => {
     expect(await c.getNetwork("sem", "final")).toBeUndefined();
     expect(withFinalizer.metadata.finalizers).toEqual(["example.com/hold"]);
     const gone = async (ns: string, name: string) => (await rejection(c.core.readNamespacedConfigMap({ namespace: ns, name }))).code === 404;
-    const deadline = Date.now() + 5000;
-    while (!(await gone("sem", "child").catch(() => false)) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
+    // the CRD was applied before kube-controller-manager started (its garbage collector
+    // discovers kinds added later only every 30 s)
+    const deadline = Date.now() + 30_000;
+    while (!(await gone("sem", "child").catch(() => false)) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
     expect(await gone("sem", "child")).toBe(true);
     expect(await gone("other", "cross-ns-child")).toBe(true); // an owner in another namespace counts as absent
   });
 
   it("answers a watch from a compacted resourceVersion with 410 Gone", async () => {
     const list = await c.core.listNamespacedConfigMap({ namespace: "sem" });
+    // two writes: a watch from revision R starts at R+1, which a compaction at R+1 keeps
     await c.core.createNamespacedConfigMap({ namespace: "sem", body: { metadata: { name: "after-list" } } });
-    c.api.compact();
-    const res = await fetch(`${c.api.url}/api/v1/namespaces/sem/configmaps?watch=true&resourceVersion=${list.metadata!.resourceVersion}`);
-    const line = JSON.parse((await res.text()).trim()) as { type: string; object: { code: number; reason: string } };
+    await c.core.createNamespacedConfigMap({ namespace: "sem", body: { metadata: { name: "after-list-2" } } });
+    await c.cp.compactEtcd();
+    const line = await new Promise<{ type: string; object: { code: number; reason: string } }>((resolve, reject) => {
+      void new Watch(c.kc).watch(`/api/v1/namespaces/sem/configmaps`, { resourceVersion: list.metadata!.resourceVersion }, (type: string, object: { code: number; reason: string }) => resolve({ type, object }), (e: unknown) => reject(e ?? new Error("the watch ended without an event")));
+    });
     expect(line).toMatchObject({ type: "ERROR", object: { code: 410, reason: "Expired" } });
   });
 
@@ -175,14 +186,15 @@ describe("API semantics the operator relies on (emulated)", () => {
     const lease = await rejection(
       c.coordination.createNamespacedLease({ namespace: "sem", body: { metadata: { name: "l" }, spec: { holderIdentity: "a", renewTime: new Date().toISOString() as never } } }),
     );
-    expect(lease.message).toContain("MicroTime needs 6 fractional digits");
+    expect(lease.message).toContain('as "2006-01-02T15:04:05.000000Z07:00"'); // MicroTime: 6 fractional digits
     const deployment = {
       metadata: { name: "d" },
       spec: { selector: { matchLabels: { a: "b" } }, template: { metadata: { labels: { a: "b" } }, spec: { containers: [{ name: "c", image: "i", imagePullPolicyy: "Always" }] } } },
     };
     // client-node's typed serializer would drop the typo; send the JSON as kubectl does
-    const res = await fetch(`${c.api.url}/apis/apps/v1/namespaces/sem/deployments`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(deployment) });
-    expect(res.status).toBe(422);
-    expect(((await res.json()) as { message: string }).message).toContain('unknown field "imagePullPolicyy"');
+    const res = await c.cp.request(`/apis/apps/v1/namespaces/sem/deployments?fieldValidation=Strict`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(deployment) });
+    expect(res.status).toBe(400); // strict field validation answers BadRequest, not Invalid
+    expect((JSON.parse(res.text) as { message: string }).message).toContain('strict decoding error: unknown field "spec.template.spec.containers[0].imagePullPolicyy"');
   });
+});
 });

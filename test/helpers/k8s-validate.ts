@@ -1,50 +1,20 @@
-// Validation of rendered Kubernetes documents, offline (there is no API server here):
-// - types, enums, required fields: the kubernetes-models and @kubernetes-models/prometheus-operator
-//   validators (generated from the Kubernetes OpenAPI and the Prometheus Operator CRDs);
-// - unknown fields, which those validators accept: for the built-in kinds, a round trip through
-//   @kubernetes/client-node's ObjectSerializer (generated from the Kubernetes OpenAPI) must give the
-//   document back unchanged; for the Prometheus Operator kinds, the validator runs on a proxy that
-//   records every property it reads, and a present key the schema never asked for is unknown;
-// - FacilitatorNetwork: the CRD's own openAPIV3Schema and CEL rules (test/k8s-emulator/schema.ts,
-//   the operator tests' emulation of the apiextensions-apiserver), unknown fields by pruning.
-import { ObjectSerializer } from "@kubernetes/client-node/dist/gen/models/ObjectSerializer.js";
-import { CustomResourceDefinition } from "kubernetes-models/apiextensions.k8s.io/v1";
-import { Deployment } from "kubernetes-models/apps/v1";
-import { HorizontalPodAutoscaler } from "kubernetes-models/autoscaling/v2";
-import { Ingress, NetworkPolicy } from "kubernetes-models/networking.k8s.io/v1";
-import { PodDisruptionBudget } from "kubernetes-models/policy/v1";
-import { ClusterRole, ClusterRoleBinding, Role, RoleBinding } from "kubernetes-models/rbac.authorization.k8s.io/v1";
-import { ConfigMap, Secret, Service, ServiceAccount } from "kubernetes-models/v1";
+// Validation of rendered Kubernetes documents by a real kube-apiserver
+// (test/helpers/control-plane.ts): each document is sent as a server-side apply with
+// dryRun=All and fieldValidation=Strict, so the server's own checks decide: types, enums,
+// required fields, unknown fields, names and labels, and for FacilitatorNetworks the CRD's
+// openAPIV3Schema and CEL rules (the CRD from crds/ is installed on that server). Nothing is
+// stored. The Prometheus Operator kinds have no CRD on the test server; they are checked by the
+// @kubernetes-models/prometheus-operator validators, unknown fields found by a proxy that
+// records every property the validator reads (a present key it never asked for is unknown).
 import { PodMonitor, PrometheusRule, ServiceMonitor } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1";
-import { applyDefaults, prune, validate as validateCustom, type FieldError, type Schema } from "../k8s-emulator/schema.ts";
-import type { Json } from "../k8s-emulator/managed-fields.ts";
+import type { ControlPlane } from "./control-plane.ts";
 
 type Validatable = { prototype: { validate(this: unknown): void } };
 
-interface Kind {
-  model: Validatable;
-  /** The client-node model name, for the ObjectSerializer round trip (built-in kinds only). */
-  clientType?: string;
-}
-
-const KINDS: Record<string, Kind> = {
-  "v1/ServiceAccount": { model: ServiceAccount, clientType: "V1ServiceAccount" },
-  "v1/Service": { model: Service, clientType: "V1Service" },
-  "v1/ConfigMap": { model: ConfigMap, clientType: "V1ConfigMap" },
-  "v1/Secret": { model: Secret, clientType: "V1Secret" },
-  "apps/v1/Deployment": { model: Deployment, clientType: "V1Deployment" },
-  "policy/v1/PodDisruptionBudget": { model: PodDisruptionBudget, clientType: "V1PodDisruptionBudget" },
-  "autoscaling/v2/HorizontalPodAutoscaler": { model: HorizontalPodAutoscaler, clientType: "V2HorizontalPodAutoscaler" },
-  "networking.k8s.io/v1/Ingress": { model: Ingress, clientType: "V1Ingress" },
-  "networking.k8s.io/v1/NetworkPolicy": { model: NetworkPolicy, clientType: "V1NetworkPolicy" },
-  "rbac.authorization.k8s.io/v1/ClusterRole": { model: ClusterRole, clientType: "V1ClusterRole" },
-  "rbac.authorization.k8s.io/v1/ClusterRoleBinding": { model: ClusterRoleBinding, clientType: "V1ClusterRoleBinding" },
-  "rbac.authorization.k8s.io/v1/Role": { model: Role, clientType: "V1Role" },
-  "rbac.authorization.k8s.io/v1/RoleBinding": { model: RoleBinding, clientType: "V1RoleBinding" },
-  "apiextensions.k8s.io/v1/CustomResourceDefinition": { model: CustomResourceDefinition, clientType: "V1CustomResourceDefinition" },
-  "monitoring.coreos.com/v1/ServiceMonitor": { model: ServiceMonitor },
-  "monitoring.coreos.com/v1/PodMonitor": { model: PodMonitor },
-  "monitoring.coreos.com/v1/PrometheusRule": { model: PrometheusRule },
+const MONITORING: Record<string, Validatable> = {
+  "monitoring.coreos.com/v1/ServiceMonitor": ServiceMonitor,
+  "monitoring.coreos.com/v1/PodMonitor": PodMonitor,
+  "monitoring.coreos.com/v1/PrometheusRule": PrometheusRule,
 };
 
 export const FACILITATOR_NETWORK = "x402fleet.io/v1alpha1/FacilitatorNetwork";
@@ -86,47 +56,81 @@ function unread(value: unknown, access: Access | undefined, path: string, out: s
   }
 }
 
-/** Paths where `b` lacks or changes something `a` has. */
-export function lost(a: unknown, b: unknown, path = ""): string[] {
-  if (isObject(a) && isObject(b)) return Object.keys(a).flatMap((k) => (k in b ? lost(a[k], b[k], `${path}/${k}`) : [`${path}/${k}`]));
-  return JSON.stringify(a) === JSON.stringify(b) ? [] : [`${path} (${JSON.stringify(a)} became ${JSON.stringify(b)})`];
-}
-
-function modelErrors(model: Validatable, doc: unknown): { errors: string[]; unknown: string[] } {
+function monitoringErrors(model: Validatable, doc: unknown, where: string): string[] {
   const access: Access = { touched: false, read: new Set(), children: new Map() };
   const errors: string[] = [];
   try {
     model.prototype.validate.call(tracked(doc, access));
   } catch (e) {
-    errors.push((e as Error).message);
+    errors.push(`${where}: ${(e as Error).message}`);
   }
   const unknown: string[] = [];
   unread(doc, access, "", unknown);
-  return { errors, unknown };
+  return [...errors, ...unknown.map((p) => `${where}: unknown field ${p}`)];
 }
 
-/** Every problem found in one rendered document (empty when it is valid). */
-export function validateDocument(doc: Record<string, unknown>, crdSchema?: Schema): string[] {
-  const key = `${String(doc.apiVersion)}/${String(doc.kind)}`;
-  const where = `${key} ${String((doc.metadata as { name?: string } | undefined)?.name)}`;
-  if (key === FACILITATOR_NETWORK) {
-    if (!crdSchema) return [`${where}: no CRD schema to validate against`];
-    const errors: FieldError[] = [];
-    const pruned = prune(doc as Json, crdSchema);
-    validateCustom(applyDefaults(pruned, crdSchema), crdSchema, "", undefined, errors);
-    return [...errors.map((e) => `${where}: ${e.message}`), ...lost(doc, pruned).map((p) => `${where}: unknown field ${p}`)];
+interface ApiResource {
+  name: string;
+  namespaced: boolean;
+  kind: string;
+}
+
+/** A validator bound to one control plane; it learns resource names from the server's discovery. */
+export function serverValidator(cp: ControlPlane) {
+  const discovery = new Map<string, Promise<ApiResource[]>>();
+  const resourcesOf = (apiVersion: string) => {
+    let p = discovery.get(apiVersion);
+    if (!p) {
+      const path = apiVersion.includes("/") ? `/apis/${apiVersion}` : `/api/${apiVersion}`;
+      p = cp.request(path).then((r) => (r.status === 200 ? (JSON.parse(r.text) as { resources: ApiResource[] }).resources : []));
+      discovery.set(apiVersion, p);
+    }
+    return p;
+  };
+  const namespaces = new Set<string>();
+  const ensureNamespace = async (name: string) => {
+    if (namespaces.has(name)) return;
+    const r = await cp.request("/api/v1/namespaces", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ metadata: { name } }) });
+    if (r.status !== 201 && r.status !== 409) throw new Error(`creating namespace ${name}: HTTP ${r.status}`);
+    namespaces.add(name);
+  };
+
+  /** Every problem the server (or the monitoring validator) finds in one document; empty when valid. */
+  async function validate(doc: Record<string, unknown>, defaultNamespace = "default"): Promise<string[]> {
+    const apiVersion = String(doc.apiVersion);
+    const kind = String(doc.kind);
+    const meta = (doc.metadata ?? {}) as { name?: string; namespace?: string };
+    const where = `${apiVersion}/${kind} ${String(meta.name)}`;
+    const monitoring = MONITORING[`${apiVersion}/${kind}`];
+    if (monitoring) return monitoringErrors(monitoring, doc, where);
+    const resource = (await resourcesOf(apiVersion)).find((r) => r.kind === kind && !r.name.includes("/"));
+    if (!resource) return [`${where}: kube-apiserver serves no such kind`];
+    const base = apiVersion.includes("/") ? `/apis/${apiVersion}` : `/api/${apiVersion}`;
+    let collection = `${base}/${resource.name}`;
+    if (resource.namespaced) {
+      const ns = meta.namespace ?? defaultNamespace;
+      await ensureNamespace(ns);
+      collection = `${base}/namespaces/${ns}/${resource.name}`;
+    }
+    const res = await cp.request(`${collection}/${meta.name}?dryRun=All&fieldValidation=Strict&fieldManager=x402-fleet-validate&force=true`, {
+      method: "PATCH",
+      headers: { "content-type": "application/apply-patch+yaml" },
+      body: JSON.stringify(doc), // JSON is YAML
+    });
+    if (res.status === 200 || res.status === 201) return [];
+    const message = (() => {
+      try {
+        return (JSON.parse(res.text) as { message: string }).message;
+      } catch {
+        return res.text;
+      }
+    })();
+    return [`${where}: HTTP ${res.status}: ${message}`];
   }
-  const kind = KINDS[key];
-  if (!kind) return [`${where}: no validator for this kind (add it to test/helpers/k8s-validate.ts)`];
-  const { errors, unknown } = modelErrors(kind.model, doc);
-  const out = errors.map((e) => `${where}: ${e}`);
-  if (kind.clientType) {
-    // Built-in kinds: client-node's models are complete (kubernetes-models' generated schemas
-    // leave out a few properties, e.g. JSONSchemaProps' description and x-kubernetes-*).
-    const roundTrip = ObjectSerializer.serialize(ObjectSerializer.deserialize(doc, kind.clientType, ""), kind.clientType, "") as unknown;
-    out.push(...lost(doc, roundTrip).map((p) => `${where}: unknown field (not in the ${kind.clientType} model) ${p}`));
-  } else {
-    out.push(...unknown.map((p) => `${where}: unknown field ${p}`));
-  }
-  return out;
+
+  return {
+    validate,
+    /** All documents of a render, in order. */
+    validateAll: async (docs: Record<string, unknown>[], defaultNamespace?: string) => (await Promise.all(docs.map((d) => validate(d, defaultNamespace)))).flat(),
+  };
 }

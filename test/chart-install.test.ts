@@ -1,0 +1,199 @@
+// charts/x402-fleet installed for real: `helm install --wait` into a real control plane
+// (kube-apiserver, kube-controller-manager, kube-scheduler, a kwok node that turns pods Ready),
+// then the operator run as a local process with a TokenRequest token of the chart's own
+// operator ServiceAccount, so kube-apiserver enforces exactly the chart's RBAC: the operator
+// reaches Ready with it, and requests outside its role are refused (403). Then `helm upgrade`
+// with changed values and `helm uninstall` (the CRD is kept).
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, expect, it } from "vitest";
+import { ApiextensionsV1Api, AppsV1Api, CoordinationV1Api, CoreV1Api, PatchStrategy, RbacAuthorizationV1Api, setHeaderOptions, type KubeConfig } from "@kubernetes/client-node";
+import { pino } from "pino";
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
+import { startAnvil, type AnvilNode } from "../services/devnet/anvil.ts";
+import { startOperator, type RunningOperator } from "../operator/operator.ts";
+import { FINALIZER, ROUTING_TABLE_KEY } from "../operator/api.ts";
+import { parseRoutingTable } from "../services/router/routing-table.ts";
+import { describeWithControlPlane, type AuditEvent } from "./helpers/control-plane.ts";
+import { clusterOf, condition, until, type Cluster } from "./helpers/cluster.ts";
+import { CHART, helm } from "./helpers/helm.ts";
+
+const NS = "x402-system";
+const APPS = "payments";
+const RELEASE = "fleet";
+const SA = "fleet-x402-fleet-operator";
+const ROUTING = "fleet-x402-fleet-routing";
+const mergePatch = setHeaderOptions("Content-Type", PatchStrategy.MergePatch);
+const codeOf = async (p: Promise<unknown>) => p.then(() => 200, (e: { code?: number }) => e.code);
+
+interface PolicyRule {
+  apiGroups: string[];
+  resources: string[];
+  verbs: string[];
+  resourceNames?: string[];
+}
+
+describeWithControlPlane("the chart installed with helm", { controllers: true, fakeNodes: 1, audit: true }, (cp) => {
+  let c: Cluster;
+  let home: string;
+  let anvil: AnvilNode;
+  let operator: RunningOperator | undefined;
+  const logs: string[] = [];
+
+  const runHelm = (args: string[]) => {
+    const r = spawnSync(helm(), args, {
+      encoding: "utf8",
+      env: { PATH: process.env.PATH, KUBECONFIG: cp().kubeconfigPath, HELM_CACHE_HOME: join(home, "cache"), HELM_CONFIG_HOME: join(home, "config"), HELM_DATA_HOME: join(home, "data") },
+    });
+    if (r.status !== 0) throw new Error(`helm ${args[0]} failed (${r.status}): ${r.stderr}`);
+    return r.stdout;
+  };
+
+  beforeAll(async () => {
+    c = clusterOf(cp());
+    home = mkdtempSync(join(tmpdir(), "x402-helm-install-"));
+    anvil = await startAnvil({ chainId: 8453 });
+  });
+  afterAll(async () => {
+    await operator?.stop();
+    await anvil?.stop();
+    if (home) rmSync(home, { recursive: true, force: true });
+  });
+
+  it("helm install --wait: the CRD, the operator's ServiceAccount and RBAC, and every Deployment available (pods Ready on the kwok node)", async () => {
+    const out = runHelm(["install", RELEASE, CHART, "--namespace", NS, "--create-namespace", "--wait", "--timeout", "120s"]);
+    expect(out).toContain("STATUS: deployed");
+    const crd = await c.kc.makeApiClient(ApiextensionsV1Api).readCustomResourceDefinition({ name: "facilitatornetworks.x402fleet.io" });
+    expect(crd.status!.conditions!.find((x) => x.type === "Established")?.status).toBe("True");
+    const deployments = (await c.apps.listNamespacedDeployment({ namespace: NS })).items;
+    expect(deployments.map((d) => d.metadata!.name).sort()).toEqual(["fleet-x402-fleet-hub", "fleet-x402-fleet-operator", "fleet-x402-fleet-router"]);
+    for (const d of deployments) expect(d.status!.availableReplicas).toBe(d.spec!.replicas);
+    const pods = (await c.core.listNamespacedPod({ namespace: NS })).items;
+    expect(pods.every((p) => p.spec!.nodeName === "kwok-node-0" && p.status!.conditions!.some((x) => x.type === "Ready" && x.status === "True"))).toBe(true);
+    expect(await c.core.readNamespacedServiceAccount({ namespace: NS, name: SA })).toBeDefined();
+  });
+
+  let asOperator: KubeConfig;
+  it("the operator, with a TokenRequest token of the chart's ServiceAccount, reaches Ready on a FacilitatorNetwork", async () => {
+    asOperator = cp().kubeConfigForToken(await cp().serviceAccountToken(NS, SA));
+    // configured as the chart's Deployment configures it
+    const deployment = await c.apps.readNamespacedDeployment({ namespace: NS, name: "fleet-x402-fleet-operator" });
+    const env = Object.fromEntries(deployment.spec!.template.spec!.containers[0]!.env!.filter((e) => e.value !== undefined).map((e) => [e.name, e.value!]));
+    await c.ensureNamespace(APPS);
+    const signer = generatePrivateKey();
+    await c.putSecret(APPS, "base-signer", { "signer-keys": signer });
+    operator = await startOperator({
+      kubeConfig: asOperator,
+      namespace: NS,
+      facilitatorImage: env.X402_FACILITATOR_IMAGE!,
+      routingConfigMap: env.X402_ROUTING_CONFIGMAP,
+      clusterDomain: env.X402_CLUSTER_DOMAIN,
+      leaderElection: { leaseName: env.X402_LEASE_NAME },
+      identity: "fleet-x402-fleet-operator-local",
+      logger: pino({ level: "debug" }, { write: (l: string) => void logs.push(l) }),
+    });
+    await c.createNetwork(APPS, "base", { network: "eip155:8453", rpc: [{ url: anvil.rpcUrl }], signerSecretRef: { name: "base-signer" } });
+    const fn = await until(async () => {
+      const f = await c.getNetwork(APPS, "base");
+      return condition(f, "Ready")?.status === "True" ? f : undefined;
+    }, "the network Ready");
+    expect(fn.metadata.finalizers).toEqual([FINALIZER]);
+    expect(fn.status!.signers).toEqual([privateKeyToAccount(signer).address]);
+    const table = await until(async () => {
+      const t = parseRoutingTable((await c.core.readNamespacedConfigMap({ namespace: NS, name: ROUTING })).data![ROUTING_TABLE_KEY]!);
+      return t.backends.length > 0 ? t : undefined;
+    }, "the routing entry");
+    expect(table.backends.map((b) => b.network)).toEqual(["eip155:8453"]);
+    const lease = await c.coordination.readNamespacedLease({ namespace: NS, name: env.X402_LEASE_NAME! });
+    expect(lease.spec!.holderIdentity).toBe("fleet-x402-fleet-operator-local");
+    // and kube-apiserver never had to refuse it anything
+    expect(logs.join("\n")).not.toMatch(/HTTP 403/);
+  });
+
+  it("kube-apiserver refuses (403) what the chart's role does not grant that ServiceAccount", async () => {
+    const core = asOperator.makeApiClient(CoreV1Api);
+    const apps = asOperator.makeApiClient(AppsV1Api);
+    const coordination = asOperator.makeApiClient(CoordinationV1Api);
+    const patchCm = (namespace: string, name: string) => core.patchNamespacedConfigMap({ namespace, name, body: { metadata: { labels: { probe: "x" } } } }, mergePatch);
+    expect(await codeOf(core.replaceNamespacedSecret({ namespace: APPS, name: "base-signer", body: { metadata: { name: "base-signer" }, stringData: { "signer-keys": "x" } } }))).toBe(403); // read-only
+    expect(await codeOf(core.createNamespacedConfigMap({ namespace: APPS, body: { metadata: { name: ROUTING } } }))).toBe(403); // only at home
+    expect(await codeOf(patchCm(NS, "another"))).toBe(403); // only that one
+    expect(await codeOf(coordination.patchNamespacedLease({ namespace: NS, name: "someone-elses", body: { spec: {} } }, mergePatch))).toBe(403);
+    expect(await codeOf(apps.deleteNamespacedDeployment({ namespace: APPS, name: "base-facilitator" }))).toBe(403);
+    expect(await codeOf(core.readNamespacedPod({ namespace: APPS, name: "x" }))).toBe(403);
+    expect(await codeOf(core.deleteNamespace({ name: APPS }))).toBe(403);
+    // what it is granted goes through
+    expect(await codeOf(patchCm(NS, ROUTING))).toBe(200);
+    expect(await c.apps.readNamespacedDeployment({ namespace: APPS, name: "base-facilitator" })).toBeDefined(); // not deleted
+  });
+
+  it("every rule of the chart's roles is used by the operator, as kube-apiserver's audit log records its requests", async () => {
+    // exercise the rest of the operator's job: a PodDisruptionBudget comes and goes, a resource is deleted (finalizer released)
+    await c.putSecret(APPS, "fleet-db", { url: "postgres://fleet:pw@postgres:5432/fleet" });
+    await c.patchNetwork(APPS, "base", { spec: { replicas: 2, database: { urlSecretRef: { name: "fleet-db", key: "url" } } } });
+    await until(() => c.policy.readNamespacedPodDisruptionBudget({ namespace: APPS, name: "base-facilitator" }).catch(() => undefined), "the PodDisruptionBudget");
+    await c.patchNetwork(APPS, "base", { spec: { replicas: 1, database: null } });
+    await until(async () => (await codeOf(c.policy.readNamespacedPodDisruptionBudget({ namespace: APPS, name: "base-facilitator" }))) === 404, "the PodDisruptionBudget to go");
+    await c.createNetwork(APPS, "broken", { network: "eip155:84532", rpc: [{ url: "http://127.0.0.1:9/" }], signerSecretRef: { name: "missing-signer" } });
+    await until(async () => (await c.getNetwork(APPS, "broken"))?.metadata.finalizers?.length, "the finalizer on broken");
+    await c.deleteNetwork(APPS, "broken");
+    await until(async () => (await c.getNetwork(APPS, "broken")) === undefined, "broken to go");
+
+    const rbac = c.kc.makeApiClient(RbacAuthorizationV1Api);
+    const clusterRules = (await rbac.readClusterRole({ name: SA })).rules as PolicyRule[];
+    const selfRules = (await rbac.readNamespacedRole({ namespace: NS, name: `${SA}-self` })).rules as PolicyRule[];
+    const grants = [...clusterRules.map((rule) => ({ rule, scope: "cluster" })), ...selfRules.map((rule) => ({ rule, scope: NS }))];
+    const key = (scope: string, rule: PolicyRule, resource: string, verb: string) => `${scope} ${rule.apiGroups[0] || "core"}/${resource}:${verb}${rule.resourceNames ? `[${rule.resourceNames.join(",")}]` : ""}`;
+    const all = grants.flatMap(({ rule, scope }) => rule.resources.flatMap((r) => rule.verbs.map((v) => key(scope, rule, r, v))));
+
+    // the server's own record of each request: verb, API group, resource/subresource, namespace, name
+    const asOperatorSa = (e: AuditEvent) => e.user.username === `system:serviceaccount:${NS}:${SA}`;
+    // the leader renews its Lease every retry period (2 s): wait for one renewal
+    await until(() => cp().auditEvents().some((e) => asOperatorSa(e) && e.verb === "update" && e.objectRef?.resource === "leases"), "a Lease renewal");
+    // authorized requests (a 404 was authorized too; 403 is the refusal)
+    const events = cp().auditEvents().filter((e) => asOperatorSa(e) && e.responseStatus?.code !== 403 && e.objectRef?.resource);
+    expect(events.length).toBeGreaterThan(20);
+    const used = new Set<string>();
+    for (const e of events) {
+      const ref = e.objectRef!;
+      const resource = ref.subresource ? `${ref.resource}/${ref.subresource}` : ref.resource!;
+      // a server-side apply that creates the object is also authorized as create
+      const verbs = e.verb === "patch" && e.responseStatus?.code === 201 ? ["patch", "create"] : [e.verb];
+      for (const verb of verbs) {
+        for (const { rule, scope } of grants) {
+          const applies =
+            rule.apiGroups.includes(ref.apiGroup ?? "") &&
+            rule.resources.includes(resource) &&
+            rule.verbs.includes(verb) &&
+            (scope === "cluster" || scope === ref.namespace) &&
+            (!rule.resourceNames || (ref.name !== undefined && rule.resourceNames.includes(ref.name)));
+          if (applies) used.add(key(scope, rule, resource, verb));
+        }
+      }
+    }
+    // finalizers/update is checked by admission on children with blockOwnerDeletion, never requested
+    expect(all.filter((k) => !used.has(k))).toEqual(["cluster x402fleet.io/facilitatornetworks/finalizers:update"]);
+  });
+
+  it("helm upgrade with changed values rolls out the change (--wait)", async () => {
+    const out = runHelm(["upgrade", RELEASE, CHART, "--namespace", NS, "--set", "router.replicas=3", "--set", "operator.replicas=1", "--wait", "--timeout", "120s"]);
+    expect(out).toContain("REVISION: 2");
+    const router = await c.apps.readNamespacedDeployment({ namespace: NS, name: "fleet-x402-fleet-router" });
+    expect(router.spec!.replicas).toBe(3);
+    expect(router.status!.availableReplicas).toBe(3);
+    expect((await c.apps.readNamespacedDeployment({ namespace: NS, name: "fleet-x402-fleet-operator" })).spec!.replicas).toBe(1);
+  });
+
+  it("helm uninstall removes the release and keeps the CRD (and with it the FacilitatorNetworks)", async () => {
+    await operator!.stop();
+    operator = undefined;
+    runHelm(["uninstall", RELEASE, "--namespace", NS, "--wait", "--timeout", "120s"]);
+    await until(async () => (await c.apps.listNamespacedDeployment({ namespace: NS })).items.length === 0, "the release's Deployments to go");
+    expect(await codeOf(c.core.readNamespacedServiceAccount({ namespace: NS, name: SA }))).toBe(404);
+    const crd = await c.kc.makeApiClient(ApiextensionsV1Api).readCustomResourceDefinition({ name: "facilitatornetworks.x402fleet.io" });
+    expect(crd.metadata!.annotations!["helm.sh/resource-policy"]).toBe("keep");
+    expect(await c.getNetwork(APPS, "base")).toBeDefined();
+  });
+});
