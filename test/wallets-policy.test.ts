@@ -3,7 +3,7 @@
 // daily caps under concurrency, isolation between platforms, and bad input that never becomes a 500.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { encodePaymentRequiredHeader, decodePaymentSignatureHeader } from "@x402/core/http";
-import { guardedLookup, isPrivateAddress } from "../services/wallets/fetcher.ts";
+import { guardedLookup, isPrivateAddress } from "../services/platform/egress.ts";
 import {
   ADMIN_TOKEN,
   ENGINES,

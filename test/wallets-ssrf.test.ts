@@ -3,7 +3,7 @@
 // range by table (its first address, one inside, one written the way WHATWG URLs normalise it), and
 // through the running service, where a literal in the URL never reaches a socket.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { BLOCKED_RANGES, isPrivateAddress } from "../services/wallets/fetcher.ts";
+import { BLOCKED_RANGES, isPrivateAddress } from "../services/platform/egress.ts";
 import { createPlatform, createWallet, call, errorCode, startTestWallets, type TestWallets } from "./helpers/wallets.ts";
 
 const SAMPLES: Record<string, string[]> = {

@@ -6,10 +6,9 @@
 // service allows private networks (the devnet does), cannot reach loopback, private, link-local or
 // metadata addresses: the check runs on the resolved addresses inside the connection, so a DNS name
 // cannot point past it.
-import { lookup as dnsLookup, type LookupAddress, type LookupOptions } from "node:dns";
-import { BlockList, isIP } from "node:net";
-import { Agent, fetch as undiciFetch, type Dispatcher } from "undici";
+import { fetch as undiciFetch } from "undici";
 import { decodePaymentResponseHeader } from "@x402/core/http";
+import { createEgress, DESTINATION_NOT_ALLOWED, literalDestinationProblem } from "../platform/egress.ts";
 import { WalletError } from "./errors.ts";
 import { payFor, type Caller, type PaymentsDeps, type PayResult } from "./payments.ts";
 import type { SignatureOutcome, SignatureRecord } from "./store.ts";
@@ -41,74 +40,6 @@ export interface FetchResult {
   };
 }
 
-/**
- * Destinations /fetch refuses (unless private networks are allowed), with why. IPv6 forms that
- * embed or translate to an IPv4 address (mapped, compatible, NAT64, 6to4) are refused whole: the
- * embedded address could be any of the IPv4 ranges above, and a public one has a plain IPv4 form.
- */
-export const BLOCKED_RANGES: readonly (readonly [network: string, prefix: number, why: string])[] = [
-  ["0.0.0.0", 8, "this network"],
-  ["10.0.0.0", 8, "private"],
-  ["100.64.0.0", 10, "carrier-grade NAT"],
-  ["127.0.0.0", 8, "loopback"],
-  ["169.254.0.0", 16, "link-local (cloud metadata)"],
-  ["172.16.0.0", 12, "private"],
-  ["192.0.0.0", 24, "IETF protocol assignments"],
-  ["192.0.2.0", 24, "documentation"],
-  ["192.88.99.0", 24, "6to4 relay anycast"],
-  ["192.168.0.0", 16, "private"],
-  ["198.18.0.0", 15, "benchmarking"],
-  ["198.51.100.0", 24, "documentation"],
-  ["203.0.113.0", 24, "documentation"],
-  ["224.0.0.0", 4, "multicast"],
-  ["240.0.0.0", 4, "reserved, broadcast"],
-  ["::", 96, "unspecified, loopback, IPv4-compatible ::a.b.c.d"],
-  ["::ffff:0:0", 96, "IPv4-mapped ::ffff:a.b.c.d"],
-  ["64:ff9b::", 96, "NAT64 well-known prefix"],
-  ["64:ff9b:1::", 48, "NAT64 local-use prefix"],
-  ["100::", 64, "discard"],
-  ["2001:db8::", 32, "documentation"],
-  ["2002::", 16, "6to4"],
-  ["fc00::", 7, "unique local"],
-  ["fe80::", 10, "link-local"],
-  ["fec0::", 10, "site-local (deprecated)"],
-  ["ff00::", 8, "multicast"],
-];
-
-// One list per family: node's BlockList matches IPv4 addresses against IPv6 rules through their
-// embedded forms (::/96 would then refuse every IPv4 address).
-const blocked4 = new BlockList();
-const blocked6 = new BlockList();
-for (const [network, prefix] of BLOCKED_RANGES) {
-  if (isIP(network) === 4) blocked4.addSubnet(network, prefix, "ipv4");
-  else blocked6.addSubnet(network, prefix, "ipv6");
-}
-
-export function isPrivateAddress(address: string): boolean {
-  const family = isIP(address);
-  if (family === 4) return blocked4.check(address, "ipv4");
-  if (family === 6) return blocked6.check(address.replace(/%.*$/, ""), "ipv6"); // a zone id does not change the address
-  return true;
-}
-
-type LookupCallback = (err: NodeJS.ErrnoException | null, address: string | LookupAddress[], family?: number) => void;
-
-/** dns.lookup that refuses names resolving to any non-public address (used inside undici's connect). */
-export function guardedLookup(hostname: string, options: LookupOptions, callback: LookupCallback): void {
-  dnsLookup(hostname, { ...options, all: true }, (err, addresses) => {
-    if (err) return callback(err, "");
-    const list = addresses as LookupAddress[];
-    const bad = list.find((a) => isPrivateAddress(a.address));
-    if (bad) {
-      const e = new Error(`destination ${hostname} resolves to a non-public address`) as NodeJS.ErrnoException;
-      e.code = "X402_DESTINATION_NOT_ALLOWED";
-      return callback(e, "");
-    }
-    if (options.all) return callback(null, list);
-    callback(null, list[0]!.address, list[0]!.family);
-  });
-}
-
 const TEXTUAL = /^(text\/|application\/(json|[a-z0-9.+-]*\+json|xml|[a-z0-9.+-]*\+xml|javascript|x-www-form-urlencoded))/i;
 
 export interface Fetcher {
@@ -117,18 +48,11 @@ export interface Fetcher {
 }
 
 export function createFetcher(opts: FetchOptions): Fetcher {
-  const dispatcher: Dispatcher = new Agent({
-    connect: opts.allowPrivateNetworks ? {} : { lookup: guardedLookup as never },
-    headersTimeout: opts.timeoutMs,
-    bodyTimeout: opts.timeoutMs,
-  });
+  const { dispatcher } = createEgress({ allowPrivateNetworks: opts.allowPrivateNetworks, headersTimeoutMs: opts.timeoutMs, bodyTimeoutMs: opts.timeoutMs });
 
   const checkDestination = (url: URL) => {
-    if (opts.allowPrivateNetworks) return;
-    const host = url.hostname.replace(/^\[|\]$/g, "");
-    if (host === "localhost" || host.endsWith(".localhost") || (isIP(host) && isPrivateAddress(host))) {
-      throw new WalletError("destination_not_allowed", `${url.hostname} is not a public address; the wallet service fetches public resources only`);
-    }
+    const problem = opts.allowPrivateNetworks ? undefined : literalDestinationProblem(url);
+    if (problem) throw new WalletError("destination_not_allowed", `${problem}; the wallet service fetches public resources only`);
   };
 
   async function send(req: FetchRequest, extraHeaders: Record<string, string> = {}): Promise<{ response: FetchedResponse; paymentRequired: string | null; paymentResponse: string | null }> {
@@ -145,7 +69,7 @@ export function createFetcher(opts: FetchOptions): Fetcher {
       });
     } catch (e) {
       const err = e as { name?: string; cause?: { code?: string; name?: string } };
-      if (err.cause?.code === "X402_DESTINATION_NOT_ALLOWED") throw new WalletError("destination_not_allowed", `${req.url.hostname} resolves to a non-public address; the wallet service fetches public resources only`);
+      if (err.cause?.code === DESTINATION_NOT_ALLOWED) throw new WalletError("destination_not_allowed", `${req.url.hostname} resolves to a non-public address; the wallet service fetches public resources only`);
       if (err.name === "TimeoutError" || err.cause?.name === "TimeoutError" || err.cause?.code === "UND_ERR_HEADERS_TIMEOUT") {
         throw new WalletError("upstream_timeout", `${req.url.host} did not answer within ${opts.timeoutMs} ms`);
       }
