@@ -78,7 +78,8 @@ export interface FacilitatorNetworkSpec {
   resources?: { requests?: Record<string, Quantity>; limits?: Record<string, Quantity> };
 }
 
-export type ConditionType = "Ready" | "Progressing" | "Degraded";
+/** ChainChecked: the doctor's checks of the chain (contracts, assets, signers, fees); informational, never blocks. */
+export type ConditionType = "Ready" | "Progressing" | "Degraded" | "ChainChecked";
 export type ConditionStatus = "True" | "False" | "Unknown";
 
 export interface Condition {

@@ -291,6 +291,8 @@ export interface Observation {
   chainId?: number;
   /** Addresses of the signer keys. */
   signers?: string[];
+  /** The doctor's chain checks (`x402-fleet doctor`), when they ran for this pass; else the last condition stays. */
+  chainCheck?: { ok: boolean; message: string };
 }
 
 interface ConditionSpec {
@@ -299,7 +301,7 @@ interface ConditionSpec {
   message: string;
 }
 
-function conditionSpecs(fn: FacilitatorNetwork, obs: Observation, dep: DeploymentState | undefined): Record<ConditionType, ConditionSpec> {
+function conditionSpecs(fn: FacilitatorNetwork, obs: Observation, dep: DeploymentState | undefined): Record<Exclude<ConditionType, "ChainChecked">, ConditionSpec> {
   if (obs.blocker) {
     const { reason, message } = obs.blocker;
     return {
@@ -367,6 +369,14 @@ export function buildStatus(fn: FacilitatorNetwork, obs: Observation, dep: Deplo
   const generation = fn.metadata.generation ?? 1;
   const specs = conditionSpecs(fn, obs, dep);
   const conditions = (["Ready", "Progressing", "Degraded"] as const).map((type) => mergeCondition(fn.status?.conditions, type, specs[type], generation, ctx.now));
+  if (obs.chainCheck) {
+    const check = obs.chainCheck.ok ? { status: "True" as const, reason: "ChecksPassed", message: obs.chainCheck.message } : { status: "False" as const, reason: "ChecksFailed", message: obs.chainCheck.message };
+    conditions.push(mergeCondition(fn.status?.conditions, "ChainChecked", check, generation, ctx.now));
+  } else {
+    // Not checked in this pass (cached, or the inputs are blocked): keep what the last check said.
+    const last = conditionOf(fn.status, "ChainChecked");
+    if (last) conditions.push(last);
+  }
   const ready = specs.Ready.status === "True";
   const status: FacilitatorNetworkStatus = {
     observedGeneration: generation,
@@ -419,6 +429,12 @@ export function transitionEvents(previous: FacilitatorNetworkStatus | undefined,
   const progressing = now("Progressing");
   if (progressing.status === "True" && was("Progressing")?.status !== "True") events.push({ type: "Normal", reason: "RollingOut", note: progressing.message });
   if (progressing.reason === "RolloutComplete" && was("Progressing")?.status === "True") events.push({ type: "Normal", reason: "RolloutComplete", note: progressing.message });
+  const checked = conditionOf(next, "ChainChecked");
+  if (checked?.status === "False" && (was("ChainChecked")?.status !== "False" || was("ChainChecked")?.message !== checked.message)) {
+    events.push({ type: "Warning", reason: "ChainChecksFailed", note: checked.message });
+  } else if (checked?.status === "True" && was("ChainChecked")?.status === "False") {
+    events.push({ type: "Normal", reason: "ChainChecksPassed", note: checked.message });
+  }
   const ready = now("Ready");
   if (ready.status === "True" && was("Ready")?.status !== "True") {
     events.push({ type: "Normal", reason: "Ready", note: `serving ${(next.kinds ?? []).map((k) => k.scheme).join(", ")} (${ready.message}); listed in the routing table` });

@@ -24,6 +24,25 @@ export interface InputCheck {
   observation: Observation;
   /** Digest of the referenced secret values, for the pod template annotation. */
   secretsHash: string;
+  /** The resolved inputs, when nothing blocks: for the chain checks only, held in memory, never written anywhere. */
+  resolved?: ResolvedInputs;
+}
+
+/**
+ * RPC URLs (they may embed API keys) and signer keys, as the pods will get them. Serialised or
+ * inspected (JSON, logs), it shows nothing: only the chain checks read the fields.
+ */
+export class ResolvedInputs {
+  constructor(
+    readonly rpcUrls: string[],
+    readonly signerKeys: `0x${string}`[],
+  ) {}
+  toJSON(): string {
+    return "[resolved inputs]";
+  }
+  [Symbol.for("nodejs.util.inspect.custom")](): string {
+    return "[resolved inputs]";
+  }
 }
 
 class Blocked extends Error {
@@ -45,6 +64,7 @@ export async function checkInputs(fn: FacilitatorNetwork, deps: CheckDeps): Prom
   };
   const hashed: { ref: string; value: string }[] = [];
   const observation: Observation = {};
+  let resolved: InputCheck["resolved"];
   try {
     // 1. signer keys
     const ref = fn.spec.signerSecretRef;
@@ -117,11 +137,15 @@ export async function checkInputs(fn: FacilitatorNetwork, deps: CheckDeps): Prom
     } else {
       observation.chainId = expected;
     }
+    resolved = new ResolvedInputs(
+      endpoints.map((e) => e.url),
+      keys,
+    );
   } catch (e) {
     if (!(e instanceof Blocked)) throw e;
     observation.blocker = { reason: e.reason, message: e.message };
   }
-  return { observation, secretsHash: secretsDigest(hashed) };
+  return { observation, secretsHash: secretsDigest(hashed), resolved };
 }
 
 function isHttpUrl(value: string): boolean {

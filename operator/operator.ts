@@ -9,6 +9,7 @@ import { createLogger, type Logger } from "../services/platform/logger.ts";
 import type { Metrics } from "../services/platform/metrics.ts";
 import { API_VERSION, KIND, LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY, keyOf, type FacilitatorNetwork } from "./api.ts";
 import { referencedSecrets } from "./builders.ts";
+import { createChainChecker } from "./chain-checks.ts";
 import { fetchChainId } from "./checks.ts";
 import { connect, listNetworks, networksPath } from "./kube.ts";
 import { createReconciler } from "./reconcile.ts";
@@ -38,6 +39,8 @@ export interface OperatorOptions {
   resyncPeriodMs?: number;
   rateLimits?: RateLimiterOptions;
   rpcTimeoutMs?: number;
+  /** The doctor's checks per network as its ChainChecked condition; false turns them off. */
+  chainChecks?: false | { intervalMs?: number };
   shutdownTimeoutMs?: number;
   logger?: Logger;
   /** x402_operator_* series (services/platform/metrics.ts), when the process exports metrics. */
@@ -110,6 +113,10 @@ export async function startOperator(opts: OperatorOptions): Promise<RunningOpera
       cachedNetworks: () => networks.list(),
       cachedDeployment: (namespace, name) => deployments.get(name, namespace),
       chainIdOf: (url) => fetchChainId(url, opts.rpcTimeoutMs ?? 5000),
+      chainChecks:
+        opts.chainChecks === false
+          ? undefined
+          : createChainChecker({ onDone: (key) => controller?.enqueue(key), logger, intervalMs: opts.chainChecks?.intervalMs, rpcTimeoutMs: opts.rpcTimeoutMs }),
       config: {
         image: opts.facilitatorImage,
         clusterDomain: opts.clusterDomain ?? "cluster.local",

@@ -23,6 +23,7 @@ import {
   type DeploymentState,
   type EventSpec,
 } from "./builders.ts";
+import type { ChainChecker } from "./chain-checks.ts";
 import { checkInputs, type InputCheck } from "./checks.ts";
 import { apply, deleteOwnedPdb, describeError, getNetwork, readSecret, updateNetwork, type Kube } from "./kube.ts";
 import { done, type ReconcileResult } from "./runtime/controller.ts";
@@ -40,6 +41,8 @@ export interface ReconcilerDeps {
   cachedNetworks(): FacilitatorNetwork[];
   cachedDeployment(namespace: string, name: string): V1Deployment | undefined;
   chainIdOf(url: string): Promise<number>;
+  /** The doctor's chain checks, reported as the ChainChecked condition (off when absent). */
+  chainChecks?: ChainChecker;
   config: ReconcilerConfig;
   logger: Logger;
   clock?: () => Date;
@@ -108,6 +111,7 @@ export function createReconciler(deps: ReconcilerDeps): Reconciler {
     if (fn.metadata.deletionTimestamp) {
       if (!fn.metadata.finalizers?.includes(FINALIZER)) return done;
       tombstones.set(fn.metadata.uid!, clock().getTime());
+      deps.chainChecks?.forget(fn);
       await syncRoutingTable(fn);
       await updateNetwork(kube, { ...fn, metadata: { ...fn.metadata, finalizers: fn.metadata.finalizers.filter((f) => f !== FINALIZER) } });
       log.info({ network: fn.spec.network }, "routing entry removed; finalizer released (children are garbage-collected)");
@@ -120,6 +124,9 @@ export function createReconciler(deps: ReconcilerDeps): Reconciler {
     }
 
     const check = await observe(fn);
+    if (!check.observation.blocker && check.resolved && deps.chainChecks) {
+      check.observation.chainCheck = deps.chainChecks.resultFor(fn, { resolved: check.resolved, secretsHash: check.secretsHash });
+    }
     let dep: DeploymentState | undefined;
     if (!check.observation.blocker) {
       const applied = await apply.deployment(kube, buildDeployment(fn, { image: config.image, secretsHash: check.secretsHash }));

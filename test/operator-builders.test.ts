@@ -1,6 +1,8 @@
 // The operator's pure desired-state builders and its input checks (with stubbed I/O); the built
 // objects are then sent to a real kube-apiserver as server-side dry runs with strict field
 // validation (types, required fields, unknown fields, names, MicroTime: the server's own checks).
+import { readFile } from "node:fs/promises";
+import { parse as parseYaml } from "yaml";
 import { beforeAll, describe, expect, it } from "vitest";
 import { Deployment } from "kubernetes-models/apps/v1";
 import { ConfigMap, Service } from "kubernetes-models/v1";
@@ -32,6 +34,7 @@ import {
 import { checkInputs, type CheckDeps } from "../operator/checks.ts";
 import { expandEnv } from "./helpers/local-pod.ts";
 import { describeWithControlPlane } from "./helpers/control-plane.ts";
+import { parseBlocks } from "./helpers/doc-blocks.ts";
 
 function network(overrides: Partial<FacilitatorNetwork["spec"]> = {}, meta: Partial<FacilitatorNetwork["metadata"]> = {}): FacilitatorNetwork {
   return {
@@ -228,6 +231,21 @@ describe("status", () => {
     expect(done.kinds!.map((k) => k.scheme)).toEqual(["exact", "batch-settlement"]);
   });
 
+  it("reports the chain checks as ChainChecked without touching Ready, keeps the last result in passes that did not check, and records a flip as an event", () => {
+    const failed = buildStatus(network(), { chainId: 8453, chainCheck: { ok: false, message: "1 problem(s): contracts: Permit2 has no code" } }, available, ctx);
+    const byType = Object.fromEntries(failed.conditions!.map((c) => [c.type, c]));
+    expect(byType.ChainChecked).toMatchObject({ status: "False", reason: "ChecksFailed", message: "1 problem(s): contracts: Permit2 has no code", observedGeneration: 3 });
+    expect(byType.Ready).toMatchObject({ status: "True", reason: "Available" }); // informational: never blocks
+    expect(transitionEvents(undefined, failed)).toContainEqual({ type: "Warning", reason: "ChainChecksFailed", note: "1 problem(s): contracts: Permit2 has no code" });
+    const unchecked = buildStatus({ ...network(), status: failed }, { chainId: 8453 }, available, { ...ctx, now: "2026-03-04T00:00:00Z" });
+    expect(unchecked.conditions!.find((c) => c.type === "ChainChecked")).toEqual(byType.ChainChecked);
+    expect(transitionEvents(failed, unchecked)).toEqual([]);
+    const passed = buildStatus({ ...network(), status: failed }, { chainId: 8453, chainCheck: { ok: true, message: "12 checks passed" } }, available, ctx);
+    expect(passed.conditions!.find((c) => c.type === "ChainChecked")).toMatchObject({ status: "True", reason: "ChecksPassed" });
+    expect(transitionEvents(failed, passed)).toContainEqual({ type: "Normal", reason: "ChainChecksPassed", note: "12 checks passed" });
+    expect(buildStatus(network(), {}, available, ctx).conditions!.map((c) => c.type)).not.toContain("ChainChecked");
+  });
+
   it("moves lastTransitionTime only when a condition's status flips", () => {
     const prev: Condition[] = [{ type: "Ready", status: "False", reason: "A", message: "", lastTransitionTime: "t0" }];
     expect(mergeCondition(prev, "Ready", { status: "False", reason: "B", message: "m" }, 2, "t1").lastTransitionTime).toBe("t0");
@@ -379,6 +397,22 @@ describeWithControlPlane("the built objects on kube-apiserver (server-side dry r
     settlement: { receiptTimeoutSeconds: 15, confirmations: 2, maxFeePerGasWei: "50000000000" },
     database: { urlSecretRef: { name: "base-db", key: "url" } },
     resources: { requests: { cpu: "100m", memory: "128Mi" }, limits: { memory: "512Mi" } },
+  });
+
+  it("accepts the doctor Job of docs/networks.md, and its env and mounts are the facilitator pod's", async () => {
+    const page = await readFile(new URL("../docs/networks.md", import.meta.url), "utf8");
+    const job = parseBlocks("docs/networks.md", page).find((b) => b.lang === "yaml" && b.body.includes("kind: Job"));
+    expect(job).toBeDefined();
+    const manifest = parseYaml(job!.body) as { spec: { template: { spec: { containers: { args: string[]; env: { name: string; value?: string }[]; volumeMounts: { mountPath: string }[] }[] } } } };
+    expect(await dryRun("/apis/batch/v1/namespaces/payments/jobs", manifest)).toEqual({ status: 201, message: "" });
+    const container = manifest.spec.template.spec.containers[0]!;
+    expect(container.args[0]).toBe("doctor");
+    const pod = buildDeployment(network({ rpc: [{ secretKeyRef: { name: "base-rpc", key: "url" } }] }), OPTS).spec.template.spec.containers[0]!;
+    const podEnv = Object.fromEntries(pod.env!.map((e) => [e.name, e]));
+    // the same key file path and the same $(X402_RPC_URL_0) reference from the same Secret as the pods
+    expect(container.env.find((e) => e.name === "X402_SIGNER_KEY_FILE")).toEqual(podEnv.X402_SIGNER_KEY_FILE);
+    expect(container.env.find((e) => e.name === "X402_RPC_URL_0")).toEqual(podEnv.X402_RPC_URL_0);
+    expect(container.volumeMounts[0]!.mountPath).toBe(pod.volumeMounts!.find((m) => m.name === "signer-keys")!.mountPath);
   });
 
   it("accepts the Deployment, the Service, the PodDisruptionBudget, the routing ConfigMap and an Event", async () => {

@@ -163,6 +163,16 @@ describeWithControlPlane("the operator on kube-apiserver", { controllers: true, 
       };
       expect(statusOwner.metadata.managedFields).toContainEqual(expect.objectContaining({ manager: FIELD_MANAGER, subresource: "status" }));
 
+      // the doctor's chain checks as a condition, judged on this anvil: it has none of the x402
+      // contracts, and the new signer key holds no gas; informational, so the network stays Ready and routed
+      const checked = await waitFor(c, NS, "base", (f) => condition(f, "ChainChecked") !== undefined, "ChainChecked");
+      const chainChecked = condition(checked, "ChainChecked")!;
+      expect(chainChecked).toMatchObject({ status: "False", reason: "ChecksFailed", observedGeneration: 1 });
+      expect(chainChecked.message).toContain("Permit2 has no code at 0x000000000022D473030F116dDEE9F6B43aC78BA3");
+      expect(chainChecked.message).toContain(`signer ${privateKeyToAccount(signerKey).address} holds 0 (native)`);
+      expect(condition(checked, "Ready")).toMatchObject({ status: "True" });
+      await until(async () => (await c.eventsFor(NS, "base")).find((e) => e.type === "Warning" && e.reason === "ChainChecksFailed"), "the ChainChecksFailed event");
+
       const table = await routingTable(w);
       expect(table.backends).toEqual([{ network: "eip155:8453", url: fn.status!.url, kinds: fn.status!.kinds, signers: fn.status!.signers, extensions: ["eip2612GasSponsoring"] }]);
       const events = await c.eventsFor(NS, "base");
@@ -173,7 +183,7 @@ describeWithControlPlane("the operator on kube-apiserver", { controllers: true, 
       await until(async () => (await routingTable(w).catch(() => undefined))?.backends.length === 1, "the routing ConfigMap to be restored");
 
       // secrets: the RPC key and the signer key appear in no log line, event, status, child or table
-      const everything = JSON.stringify({ logs: w.logs, events, status: fn.status, d, svc, table });
+      const everything = JSON.stringify({ logs: w.logs, events, status: fn.status, checked: checked.status, d, svc, table });
       expect(w.logs.length).toBeGreaterThan(0);
       expect(everything).not.toContain(RPC_KEY);
       expect(everything).not.toContain(DB_PASSWORD);

@@ -39,7 +39,7 @@ describe("the CRD file", () => {
     const v = (crd as { spec: { versions: { name: string; subresources: object; additionalPrinterColumns: { name: string }[] }[] } }).spec.versions;
     expect(v.map((x) => x.name)).toEqual(["v1alpha1"]);
     expect(v[0]!.subresources).toEqual({ status: {} });
-    expect(v[0]!.additionalPrinterColumns.map((col) => col.name)).toEqual(["Network", "Schemes", "Ready", "Replicas", "Reason", "Age"]);
+    expect(v[0]!.additionalPrinterColumns.map((col) => col.name)).toEqual(["Network", "Schemes", "Ready", "Replicas", "Reason", "Chain-Checked", "Age"]);
     // The server refuses a non-structural schema, CEL that does not compile or exceeds its cost
     // budget, and invalid defaults at creation; it accepted this one and reports no problem.
     const served = await c.kc.makeApiClient(ApiextensionsV1Api).readCustomResourceDefinition({ name: (crd as { metadata: { name: string } }).metadata.name });
@@ -99,7 +99,7 @@ describe("FacilitatorNetwork validation (the CRD's schema and CEL rules, enforce
     await c.createNetwork("ns", "table", spec);
     const res = await c.cp.request(`/apis/${GROUP}/${VERSION}/namespaces/ns/${PLURAL}/table`, { headers: { accept: "application/json;as=Table;v=v1;g=meta.k8s.io" } });
     const t = JSON.parse(res.text) as { columnDefinitions: { name: string }[]; rows: { cells: unknown[] }[] };
-    expect(t.columnDefinitions.map((x) => x.name)).toEqual(["Name", "Network", "Schemes", "Ready", "Replicas", "Reason", "Age"]);
+    expect(t.columnDefinitions.map((x) => x.name)).toEqual(["Name", "Network", "Schemes", "Ready", "Replicas", "Reason", "Chain-Checked", "Age"]);
     expect(t.rows[0]!.cells.slice(0, 3)).toEqual(["table", "eip155:8453", '["exact"]']); // a string column renders the array as JSON
   });
 });

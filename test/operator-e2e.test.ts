@@ -109,6 +109,14 @@ afterAll(async () => {
     }, "Ready", 60_000);
     expect(fn.status!.signers).toEqual(net.signers);
     expect(fn.status!.chainId).toBe(net.chainId);
+    // the doctor's chain checks pass on a devnet chain: contracts, assets, a funded signer, fees
+    const checked = await until(async () => {
+      const f = await cluster.getNetwork(NS, "base");
+      return condition(f, "ChainChecked") ? f : undefined;
+    }, "ChainChecked", 60_000);
+    expect(condition(checked, "ChainChecked")).toMatchObject({ status: "True", reason: "ChecksPassed" });
+    expect(condition(checked, "ChainChecked")!.message).toMatch(/^\d+ checks passed \(rpc, contracts, asset, fees, signer\)$/);
+    expect(JSON.stringify(checked.status)).not.toContain(RPC_KEY);
 
     // the routing ConfigMap, in the router's own format, pointing at the Service
     const serviceUrl = "http://base-facilitator.payments.svc.cluster.local:4021/v2";

@@ -19,7 +19,7 @@ import {
   type V1CustomResourceDefinition,
 } from "@kubernetes/client-node";
 import { parse as parseYaml } from "yaml";
-import { GROUP, PLURAL, VERSION, type FacilitatorNetwork, type FacilitatorNetworkSpec } from "../../operator/api.ts";
+import { GROUP, PLURAL, VERSION, type ConditionType, type FacilitatorNetwork, type FacilitatorNetworkSpec } from "../../operator/api.ts";
 import type { ControlPlane } from "./control-plane.ts";
 
 export const CRD_PATH = fileURLToPath(new URL("../../crds/facilitatornetworks.x402fleet.io.yaml", import.meta.url));
@@ -200,6 +200,6 @@ export async function until<T>(fn: () => Promise<T | undefined | false> | T | un
   }
 }
 
-export function condition(fn: FacilitatorNetwork | undefined, type: "Ready" | "Progressing" | "Degraded") {
+export function condition(fn: FacilitatorNetwork | undefined, type: ConditionType) {
   return fn?.status?.conditions?.find((c) => c.type === type);
 }
