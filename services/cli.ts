@@ -40,6 +40,10 @@ commands:
                 head lag, contract code, asset decimals and EIP-712 domains, signer balances and nonces, the
                 router's table. Plain-words report; exit 1 on problems. Same flags and env as facilitator, plus
                 [--routing-table FILE] [--router-url URL] (docs/networks.md)
+  hub-upload    sign a hub write with a wallet key and send it (docs/hub.md); prints the hub's answer
+                --key-file FILE (0x private key; or HUB_SIGNER_KEY_FILE) --id chat7_0 --message TEXT
+                [--bucket B] [--kind memory|knowledgebase] [--owner 0xContractWallet]
+                [--hub-url URL (or HUB_URL; default: hubUrl of the running devnet's --state-dir .devnet)]
   pay           sign, verify and settle an example payment on a running devnet
                 --network eip155:8453 --amount 10000 [--method eip3009|permit2] [--state-dir .devnet]
                 [--body-only: print the signed request body for curl instead of sending it]
@@ -93,6 +97,13 @@ export async function main(argv: string[]): Promise<void> {
       "master-key-file": { type: "string" },
       "admin-token-file": { type: "string" },
       "router-url": { type: "string" },
+      "hub-url": { type: "string" },
+      "key-file": { type: "string" },
+      id: { type: "string" },
+      message: { type: "string" },
+      bucket: { type: "string" },
+      kind: { type: "string" },
+      owner: { type: "string" },
     },
   });
   const port = values.port ?? process.env.PORT;
@@ -230,6 +241,21 @@ export async function main(argv: string[]): Promise<void> {
         adminPort: values["admin-port"],
       });
       onShutdown(running.close);
+      return;
+    }
+    case "hub-upload": {
+      const { hubUploadCommand } = await import("./hub/upload-command.ts");
+      const answer = await hubUploadCommand({
+        hubUrl: values["hub-url"] ?? process.env.HUB_URL,
+        stateDir: values["state-dir"] ?? ".devnet",
+        keyFile: values["key-file"] ?? process.env.HUB_SIGNER_KEY_FILE,
+        id: values.id,
+        message: values.message,
+        bucket: values.bucket,
+        kind: values.kind,
+        owner: values.owner,
+      });
+      process.stdout.write(`${JSON.stringify(answer)}\n`);
       return;
     }
     case "pay": {

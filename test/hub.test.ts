@@ -412,7 +412,7 @@ describe.each(ENGINES)("hub on the %s engine", (engine) => {
     expect(await client.download({ id: "missing" })).toBeUndefined();
     expect(await client.listConversations()).toEqual(["c"]);
     expect(await client.getConversation({ id: "c", offset: 1 })).toEqual(["second, edited"]);
-    expect((await client.history({ id: "c_1" })).map((v) => v.message)).toEqual(["second", "second, edited"]);
+    expect((await client.history({ id: "c_1" }))?.versions.map((v) => v.message)).toEqual(["second", "second, edited"]);
     // a reader without a signer reads another owner's public data
     const reader = createHubClient({ url: hub.url });
     expect(await reader.getConversation({ id: "c", owner: a.address })).toHaveLength(2);

@@ -69,9 +69,13 @@ export interface DevnetInfo {
   routerUrl: string;
   routerAdminUrl: string;
   hubUrl: string | null;
+  /** /metrics, /healthz, /readyz of the hub. */
+  hubAdminUrl: string | null;
   /** The custodial wallet service (docs/wallets.md) and an API key of the devnet's agent platform. */
   walletsUrl: string | null;
   walletsApiKey: string | null;
+  /** /metrics, /healthz, /readyz of the wallet service. */
+  walletsAdminUrl: string | null;
   networks: DevnetNetwork[];
   payers: { address: Address; privateKey: Hex; permit2Approved: boolean }[];
   receivers: { address: Address; privateKey: Hex }[];
@@ -210,8 +214,10 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
       routerUrl: router.url,
       routerAdminUrl: router.adminUrl,
       hubUrl: hub?.url ?? null,
+      hubAdminUrl: hub?.adminUrl ?? null,
       walletsUrl: wallets?.running.url ?? null,
       walletsApiKey: wallets?.apiKey ?? null,
+      walletsAdminUrl: wallets?.running.adminUrl ?? null,
       networks: networks.map(({ net, anvil, facilitator, facilitatorRpcUrl, confirmations }) => ({
         network: net.network,
         chainId: net.chainId,
@@ -237,16 +243,23 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
 
 export function devnetGuide(info: DevnetInfo, infoPath: string): string {
   const base = info.networks.find((n) => n.network === "eip155:8453") ?? info.networks[0]!;
+  const row = (label: string, text: string) => `  ${label.padEnd(14)}${text}`;
   const lines = [
     "",
     "x402-fleet devnet is running",
     "",
-    `  router      ${info.routerUrl}   (POST /verify, POST /settle, GET /supported)`,
-    ...info.networks.map((n) => `  ${n.network.padEnd(13)} rpc ${n.rpcUrl}   facilitator ${n.facilitatorUrl}`),
-    ...(info.hubUrl ? [`  hub         ${info.hubUrl}   (POST /api/upload signed by the owner's wallet, /api/download, /api/conversation; docs/hub.md)`] : []),
-    ...(info.walletsUrl ? [`  wallets     ${info.walletsUrl}   (custodial agent wallets; API key: walletsApiKey in the details; docs/wallets.md)`] : []),
-    `  metrics     ${info.routerAdminUrl}/metrics   (and /healthz, /readyz; each facilitator's adminUrl in the details)`,
-    `  details     ${infoPath}`,
+    row("router", `${info.routerUrl}   (POST /verify, POST /settle, GET /supported)`),
+    ...info.networks.map((n) => row(n.network, `rpc ${n.rpcUrl}   facilitator ${n.facilitatorUrl}`)),
+    ...(info.hubUrl ? [row("hub", `${info.hubUrl}   (POST /api/upload signed by the owner's wallet, /api/download, /api/conversation; docs/hub.md)`)] : []),
+    ...(info.walletsUrl ? [row("wallets", `${info.walletsUrl}   (custodial agent wallets; API key: walletsApiKey in the details; docs/wallets.md)`)] : []),
+    "",
+    "Metrics (and /healthz, /readyz beside each /metrics):",
+    row("router", `${info.routerAdminUrl}/metrics`),
+    ...info.networks.map((n) => row(n.network, `${n.adminUrl}/metrics`)),
+    ...(info.hubAdminUrl ? [row("hub", `${info.hubAdminUrl}/metrics`)] : []),
+    ...(info.walletsAdminUrl ? [row("wallets", `${info.walletsAdminUrl}/metrics`)] : []),
+    "",
+    `Details (keys, assets, every URL): ${infoPath}`,
     "",
     "Try it:",
     `  curl -s ${info.routerUrl}/supported`,

@@ -18,6 +18,7 @@ export interface PayOptions {
 
 export async function payOnDevnet(opts: PayOptions): Promise<{ verify: unknown; settle: unknown }> {
   const print = opts.print ?? ((l: string) => console.log(l));
+  if (!/^\d+$/.test(opts.amount)) throw new Error(`pay: --amount must be a whole number of the token's atomic units (10000 is 0.01 USDC), got ${JSON.stringify(opts.amount)}`);
   const info = JSON.parse(await readFile(opts.infoPath, "utf8")) as DevnetInfo;
   const net = info.networks.find((n) => n.network === opts.network);
   if (!net) throw new Error(`the devnet does not run ${opts.network}; it runs ${info.networks.map((n) => n.network).join(", ")}`);

@@ -61,6 +61,14 @@ export interface HubVersion {
   message: string;
 }
 
+/** GET|POST /api/history: the key, its latest version and the versions kept, oldest first. */
+export interface HubHistory {
+  owner: Address;
+  id: string;
+  latest: number;
+  versions: HubVersion[];
+}
+
 export interface HubInfo {
   domain: HubDomain;
   maxExpirySeconds: number;
@@ -94,8 +102,8 @@ export interface HubClient {
   listConversations(opts?: { owner?: Address; bucket?: string } & Page): Promise<string[]>;
   /** The messages of a conversation (`<id>_<n>` records) in write order. */
   getConversation(opts: { id: string; owner?: Address; bucket?: string } & Page): Promise<string[]>;
-  /** Every version of a key, oldest first. */
-  history(opts: { id: string; owner?: Address } & Page): Promise<HubVersion[]>;
+  /** The versions of a key that are kept, oldest first, as /api/history answers (undefined when the key does not exist). */
+  history(opts: { id: string; owner?: Address } & Page): Promise<HubHistory | undefined>;
 }
 
 export function createHubClient(opts: HubClientOptions): HubClient {
@@ -183,8 +191,13 @@ export function createHubClient(opts: HubClientOptions): HubClient {
     },
 
     async history(h) {
-      const res = await post("/api/history", { owner: ownerOf(h.owner), id: h.id, offset: h.offset, length: h.length });
-      return ((await res.json()) as { versions: HubVersion[] }).versions;
+      try {
+        const res = await post("/api/history", { owner: ownerOf(h.owner), id: h.id, offset: h.offset, length: h.length });
+        return (await res.json()) as HubHistory;
+      } catch (e) {
+        if (e instanceof HubClientError && e.status === 404) return undefined;
+        throw e;
+      }
     },
   };
 }

@@ -132,6 +132,8 @@ export async function startHubService(opts: HubServiceOptions = {}): Promise<Run
   let admin: RunningAdmin | undefined;
   let address: string;
   try {
+    // The public port first: when it is taken (the devnet already runs a hub), nothing else was announced.
+    address = await app.listen({ host, port });
     admin = await startAdminServer({
       host,
       port: opts.adminPort ?? (port === 0 ? 0 : 9430), // an ephemeral public port implies an ephemeral admin port
@@ -140,7 +142,6 @@ export async function startHubService(opts: HubServiceOptions = {}): Promise<Run
       checks: [{ name: "database", check: async () => (await store.ping(), true) }],
       timeouts: opts.httpTimeouts,
     });
-    address = await app.listen({ host, port });
   } catch (e) {
     clearInterval(sweep);
     await app.close().catch(() => undefined);

@@ -147,6 +147,8 @@ export async function startWalletsService(opts: WalletsServiceOptions = {}): Pro
 
     const host = opts.host ?? "127.0.0.1";
     const port = opts.port ?? DEFAULT_WALLETS_PORT;
+    // The public port first: when it is taken (the devnet already runs the service), nothing else was announced.
+    const address = await app.listen({ host, port });
     const admin: RunningAdmin = await startAdminServer({
       host,
       port: opts.adminPort ?? (port === 0 ? 0 : DEFAULT_WALLETS_ADMIN_PORT),
@@ -156,7 +158,6 @@ export async function startWalletsService(opts: WalletsServiceOptions = {}): Pro
       timeouts: opts.httpTimeouts,
     });
     cleanup.push(() => admin.close());
-    const address = await app.listen({ host, port });
     logger.info(
       {
         url: address,
