@@ -125,6 +125,7 @@ export type DegradedReason =
   | "DatabaseSecretInvalid"
   | "RpcSecretNotFound"
   | "RpcEndpointInvalid"
+  | "RpcEndpointNotAllowed"
   | "RpcUnreachable"
   | "ChainIdMismatch"
   | "NetworkConflict"

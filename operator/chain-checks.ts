@@ -33,6 +33,8 @@ export interface ChainCheckerOptions {
   /** How long a result stands before the checks run again for unchanged inputs (balances drain). */
   intervalMs?: number;
   rpcTimeoutMs?: number;
+  /** How the checks reach the RPC endpoints (the operator's egress guard). */
+  fetchFn?: typeof fetch;
   clock?: () => number;
   /** The checks themselves (default: the doctor's). */
   run?: (fn: FacilitatorNetwork, resolved: NonNullable<InputCheck["resolved"]>) => Promise<DoctorReport>;
@@ -44,7 +46,7 @@ const MAX_MESSAGE = 1024;
 export function createChainChecker(opts: ChainCheckerOptions): ChainChecker {
   const interval = opts.intervalMs ?? 10 * 60_000;
   const clock = opts.clock ?? Date.now;
-  const run = opts.run ?? ((fn, resolved) => runDoctor({ config: configOf(fn, resolved), rpcTimeoutMs: opts.rpcTimeoutMs ?? 5000 }));
+  const run = opts.run ?? ((fn, resolved) => runDoctor({ config: configOf(fn, resolved), rpcTimeoutMs: opts.rpcTimeoutMs ?? 5000, fetchFn: opts.fetchFn }));
   const entries = new Map<string, { fingerprint: string; at: number; result?: ChainCheckResult; running: boolean }>();
 
   function start(fn: FacilitatorNetwork, resolved: NonNullable<InputCheck["resolved"]>, fingerprint: string) {

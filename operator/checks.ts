@@ -1,9 +1,12 @@
 // The checks a FacilitatorNetwork must pass before anything is rolled out: its signer Secret exists
 // and parses, its RPC URLs (and database URL) resolve, and every RPC answers eth_chainId with the
-// chain of `network`.
+// chain of `network`. Unless the operator allows private RPC, an endpoint on a loopback, private,
+// link-local or cluster-internal address is refused before any connection (RpcEndpointNotAllowed):
+// whoever may create a FacilitatorNetwork must not make the operator probe its own network.
 // Messages name Secrets by name/key and endpoints by host only: never a key, never a full URL.
 import { privateKeyToAccount } from "viem/accounts";
 import { parseSignerKeys } from "../services/facilitator/config.ts";
+import { DestinationNotAllowed } from "../services/platform/egress.ts";
 import { endpointName } from "../services/platform/logger.ts";
 import type { FacilitatorNetwork } from "./api.ts";
 import { chainIdOfNetwork, secretsDigest, signerKeyName, type Observation } from "./builders.ts";
@@ -16,7 +19,7 @@ export interface SecretData {
 export interface CheckDeps {
   /** Reads a Secret of the resource's namespace; undefined when it does not exist. */
   readSecret(namespace: string, name: string): Promise<SecretData | undefined>;
-  /** Asks one RPC endpoint for its chain id. */
+  /** Asks one RPC endpoint for its chain id; throws DestinationNotAllowed for a refused destination. */
   chainIdOf(url: string): Promise<number>;
 }
 
@@ -116,14 +119,21 @@ export async function checkInputs(fn: FacilitatorNetwork, deps: CheckDeps): Prom
     // 4. every endpoint must be on the chain of `network`
     const expected = chainIdOfNetwork(fn.spec.network);
     const answers = await Promise.all(
-      endpoints.map(async (e): Promise<{ label: string; url: string; chainId?: number; error?: string }> => {
+      endpoints.map(async (e): Promise<{ label: string; url: string; chainId?: number; error?: string; refused?: boolean }> => {
         try {
           return { ...e, chainId: await deps.chainIdOf(e.url) };
         } catch (err) {
-          return { ...e, error: (err as Error).message };
+          return { ...e, error: (err as Error).message, refused: err instanceof DestinationNotAllowed };
         }
       }),
     );
+    const refused = answers.find((a) => a.refused);
+    if (refused) {
+      throw new Blocked(
+        "RpcEndpointNotAllowed",
+        `RPC ${refused.label} is a loopback, private or cluster-internal address; the operator contacts public endpoints only unless it allows private RPC (chart value operator.allowPrivateRpc)`,
+      );
+    }
     const wrong = answers.find((a) => a.chainId !== undefined && a.chainId !== expected);
     if (wrong) {
       observation.chainId = wrong.chainId;
@@ -161,16 +171,17 @@ function isHttpUrl(value: string): boolean {
 /**
  * eth_chainId over plain JSON-RPC. Errors carry a short code, never the URL (it may embed a key).
  */
-export async function fetchChainId(url: string, timeoutMs = 5000): Promise<number> {
+export async function fetchChainId(url: string, timeoutMs = 5000, fetchFn: typeof fetch = fetch): Promise<number> {
   let res: Response;
   try {
-    res = await fetch(url, {
+    res = await fetchFn(url, {
       method: "POST",
       headers: { "content-type": "application/json" },
       body: JSON.stringify({ jsonrpc: "2.0", id: 1, method: "eth_chainId", params: [] }),
       signal: AbortSignal.timeout(timeoutMs),
     });
   } catch (e) {
+    if (e instanceof DestinationNotAllowed) throw e;
     const err = e as Error & { cause?: { code?: string } };
     throw new Error(err.name === "TimeoutError" ? `timeout after ${timeoutMs} ms` : (err.cause?.code ?? "connection failed"));
   }

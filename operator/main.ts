@@ -43,6 +43,7 @@ export async function runOperatorCommand(flags: OperatorFlags, env: NodeJS.Proce
     routingConfigMap: env.X402_ROUTING_CONFIGMAP || undefined,
     clusterDomain: env.X402_CLUSTER_DOMAIN || undefined,
     leaderElection,
+    allowPrivateRpc: env.X402_OPERATOR_ALLOW_PRIVATE_RPC === "true",
     metrics,
     logger,
   });

@@ -11,6 +11,7 @@ import { API_VERSION, KIND, LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY, keyOf
 import { referencedSecrets } from "./builders.ts";
 import { createChainChecker } from "./chain-checks.ts";
 import { fetchChainId } from "./checks.ts";
+import { createEgress } from "../services/platform/egress.ts";
 import { connect, listNetworks, networksPath } from "./kube.ts";
 import { createReconciler } from "./reconcile.ts";
 import { createController, done, type Controller } from "./runtime/controller.ts";
@@ -39,6 +40,11 @@ export interface OperatorOptions {
   resyncPeriodMs?: number;
   rateLimits?: RateLimiterOptions;
   rpcTimeoutMs?: number;
+  /**
+   * Let RPC endpoints of FacilitatorNetworks be loopback, private or cluster-internal addresses
+   * (a node in the cluster, a devnet). Off by default: the operator then never connects to them.
+   */
+  allowPrivateRpc?: boolean;
   /** The doctor's checks per network as its ChainChecked condition; false turns them off. */
   chainChecks?: false | { intervalMs?: number };
   shutdownTimeoutMs?: number;
@@ -82,6 +88,8 @@ export async function startOperator(opts: OperatorOptions): Promise<RunningOpera
   const identity = opts.identity ?? defaultIdentity();
   const logger = (opts.logger ?? createLogger("operator")).child({ identity });
   const kube = connect(opts.kubeConfig);
+  // Every request to a FacilitatorNetwork's RPC endpoints goes through the guard (SSRF).
+  const egress = createEgress({ allowPrivateNetworks: opts.allowPrivateRpc ?? false });
   const reconciles: Record<Outcome, number> = { done: 0, requeue: 0, backoff: 0, conflict: 0, error: 0 };
   let informers: Record<string, Informer<KubernetesObject>> = {};
   let controller: Controller | undefined;
@@ -112,11 +120,11 @@ export async function startOperator(opts: OperatorOptions): Promise<RunningOpera
       kube,
       cachedNetworks: () => networks.list(),
       cachedDeployment: (namespace, name) => deployments.get(name, namespace),
-      chainIdOf: (url) => fetchChainId(url, opts.rpcTimeoutMs ?? 5000),
+      chainIdOf: (url) => fetchChainId(url, opts.rpcTimeoutMs ?? 5000, egress.fetch),
       chainChecks:
         opts.chainChecks === false
           ? undefined
-          : createChainChecker({ onDone: (key) => controller?.enqueue(key), logger, intervalMs: opts.chainChecks?.intervalMs, rpcTimeoutMs: opts.rpcTimeoutMs }),
+          : createChainChecker({ onDone: (key) => controller?.enqueue(key), logger, intervalMs: opts.chainChecks?.intervalMs, rpcTimeoutMs: opts.rpcTimeoutMs, fetchFn: egress.fetch }),
       config: {
         image: opts.facilitatorImage,
         clusterDomain: opts.clusterDomain ?? "cluster.local",
@@ -261,6 +269,7 @@ export async function startOperator(opts: OperatorOptions): Promise<RunningOpera
       logger.info("shutting down");
       await shutDownControllers(true);
       await elector?.stop({ release: true });
+      await egress.close();
       resolveEnded("stopped");
     },
     async halt() {
@@ -268,6 +277,7 @@ export async function startOperator(opts: OperatorOptions): Promise<RunningOpera
       state = "ended";
       await elector?.stop({ release: false });
       await shutDownControllers(false);
+      await egress.close();
       resolveEnded("stopped");
     },
   };

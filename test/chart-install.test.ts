@@ -63,7 +63,7 @@ describeWithControlPlane("the chart installed with helm", { controllers: true, f
   });
 
   it("helm install --wait: the CRD, the operator's ServiceAccount and RBAC, and every Deployment available (pods Ready on the kwok node)", async () => {
-    const out = runHelm(["install", RELEASE, CHART, "--namespace", NS, "--create-namespace", "--wait", "--timeout", "120s"]);
+    const out = runHelm(["install", RELEASE, CHART, "--namespace", NS, "--create-namespace", "--set", "operator.allowPrivateRpc=true", "--wait", "--timeout", "120s"]);
     expect(out).toContain("STATUS: deployed");
     const crd = await c.kc.makeApiClient(ApiextensionsV1Api).readCustomResourceDefinition({ name: "facilitatornetworks.x402fleet.io" });
     expect(crd.status!.conditions!.find((x) => x.type === "Established")?.status).toBe("True");
@@ -91,6 +91,7 @@ describeWithControlPlane("the chart installed with helm", { controllers: true, f
       routingConfigMap: env.X402_ROUTING_CONFIGMAP,
       clusterDomain: env.X402_CLUSTER_DOMAIN,
       leaderElection: { leaseName: env.X402_LEASE_NAME },
+      allowPrivateRpc: env.X402_OPERATOR_ALLOW_PRIVATE_RPC === "true", // anvil is on loopback
       identity: "fleet-x402-fleet-operator-local",
       logger: pino({ level: "debug" }, { write: (l: string) => void logs.push(l) }),
     });

@@ -87,6 +87,7 @@ async function runOperator(cp: ControlPlane, env: Record<string, string>) {
     routingConfigMap: env.X402_ROUTING_CONFIGMAP,
     clusterDomain: env.X402_CLUSTER_DOMAIN,
     leaderElection: { leaseName: env.X402_LEASE_NAME },
+    allowPrivateRpc: env.X402_OPERATOR_ALLOW_PRIVATE_RPC === "true", // the devnet's anvil is on loopback
     identity: "fleet-x402-fleet-operator-0",
     metrics: registry,
     logger: silent,
@@ -123,7 +124,7 @@ async function runOperator(cp: ControlPlane, env: Record<string, string>) {
 describeWithControlPlane("the chart against running services", { controllers: true, fakeNodes: 1, crds: [CRD_PATH] }, (cp) => {
 let chartDocs: Doc[];
 beforeAll(async () => {
-  chartDocs = render({ namespace: NS, values: { monitoring: { enabled: true } }, apiVersions: ["monitoring.coreos.com/v1/ServiceMonitor"] });
+  chartDocs = render({ namespace: NS, values: { monitoring: { enabled: true }, operator: { allowPrivateRpc: true } }, apiVersions: ["monitoring.coreos.com/v1/ServiceMonitor"] });
   docs = chartDocs;
   const deployment = one(docs, "Deployment", "fleet-x402-fleet-operator") as Doc & { spec: { template: { spec: { containers: { env: { name: string; value?: string }[] }[] } } } };
   const env = Object.fromEntries(deployment.spec.template.spec.containers[0]!.env.filter((e) => e.value !== undefined).map((e) => [e.name, e.value!]));

@@ -268,6 +268,10 @@ describe("the operator", () => {
     expect(byName.X402_LEADER_ELECTION).toBeUndefined();
     expect(byName.ADMIN_PORT!.value).toBe("9422");
     expect(byName.X402_WATCH_NAMESPACE).toBeUndefined();
+    expect(byName.X402_OPERATOR_ALLOW_PRIVATE_RPC).toBeUndefined(); // public RPC only by default (SSRF)
+    const allowing = render({ values: { operator: { allowPrivateRpc: true } } });
+    const allowingEnv = podSpec(one(allowing, "Deployment", "fleet-x402-fleet-operator")).containers[0]!.env as { name: string; value?: string }[];
+    expect(allowingEnv.find((e) => e.name === "X402_OPERATOR_ALLOW_PRIVATE_RPC")?.value).toBe("true");
     expect(one(docs, "PodDisruptionBudget", "fleet-x402-fleet-operator").spec).toMatchObject({ maxUnavailable: 1 });
   });
 

@@ -2,6 +2,7 @@
 // objects are then sent to a real kube-apiserver as server-side dry runs with strict field
 // validation (types, required fields, unknown fields, names, MicroTime: the server's own checks).
 import { readFile } from "node:fs/promises";
+import { createServer, type AddressInfo } from "node:net";
 import { parse as parseYaml } from "yaml";
 import { beforeAll, describe, expect, it } from "vitest";
 import { Deployment } from "kubernetes-models/apps/v1";
@@ -31,7 +32,8 @@ import {
   transitionEvents,
   type DeploymentState,
 } from "../operator/builders.ts";
-import { checkInputs, type CheckDeps } from "../operator/checks.ts";
+import { checkInputs, fetchChainId, type CheckDeps } from "../operator/checks.ts";
+import { createEgress } from "../services/platform/egress.ts";
 import { expandEnv } from "./helpers/local-pod.ts";
 import { describeWithControlPlane } from "./helpers/control-plane.ts";
 import { parseBlocks } from "./helpers/doc-blocks.ts";
@@ -357,6 +359,38 @@ describe("input checks", () => {
     const invalid = await checkInputs(fn, deps({ secrets: { ...secrets, "base-rpc": { url: "not a url SECRET" } } }));
     expect(invalid.observation.blocker?.reason).toBe("RpcEndpointInvalid");
     for (const r of [down, invalid]) expect(JSON.stringify(r)).not.toMatch(/SUPER-SECRET|SECRET"/);
+  });
+
+  it("refuse RPC endpoints the egress guard refuses (RpcEndpointNotAllowed), before any connection, naming them by reference", async () => {
+    const egress = createEgress({ allowPrivateNetworks: false });
+    const sockets: unknown[] = [];
+    const listener = createServer((sock) => void sockets.push(sock.destroy()));
+    await new Promise<void>((r) => listener.listen(0, "127.0.0.1", r));
+    const loopback = `http://127.0.0.1:${(listener.address() as AddressInfo).port}/SECRET-PATH`;
+    try {
+      const guarded = (url: string) => fetchChainId(url, 2000, egress.fetch);
+      const fn = network({ rpc: [{ url: "https://rpc.example.com/" }, { secretKeyRef: { name: "base-rpc", key: "url" } }] });
+      const secrets = { "base-signer": { "signer-keys": key }, "base-rpc": { url: loopback } };
+      const chainIdOf = (url: string) => (url === loopback ? guarded(url) : Promise.resolve(8453));
+      const r = await checkInputs(fn, deps({ secrets, chainIdOf }));
+      expect(r.observation.blocker).toEqual({
+        reason: "RpcEndpointNotAllowed",
+        message: "RPC Secret base-rpc/url is a loopback, private or cluster-internal address; the operator contacts public endpoints only unless it allows private RPC (chart value operator.allowPrivateRpc)",
+      });
+      expect(r.resolved).toBeUndefined(); // nothing for the chain checks to contact either
+      for (const url of ["http://10.1.2.3:8545", "http://169.254.169.254/", "http://[fd00::1]/", "http://geth.chains.svc.cluster.local:8545", "http://localhost:8545"]) {
+        await expect(guarded(url), url).rejects.toMatchObject({ code: "X402_DESTINATION_NOT_ALLOWED" });
+      }
+      expect(sockets).toHaveLength(0);
+      // allowed: the same loopback endpoint is contacted (and is no JSON-RPC server)
+      const open = createEgress({ allowPrivateNetworks: true });
+      await expect(fetchChainId(loopback, 2000, open.fetch)).rejects.toThrow();
+      expect(sockets).toHaveLength(1);
+      await open.close();
+    } finally {
+      listener.close();
+      await egress.close();
+    }
   });
 
   it("need the database Secret when a database is configured, and a postgres:// URL in it", async () => {

@@ -6,6 +6,7 @@
 // for the file; each test has its own namespaces and operator namespace.
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { spawn } from "node:child_process";
+import { createServer, type Socket } from "node:net";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -15,7 +16,7 @@ import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { startAnvil, stopChild, type AnvilNode } from "../services/devnet/anvil.ts";
 import { parseRoutingTable, type RoutingTable } from "../services/router/routing-table.ts";
 import { ANNOTATION_SECRETS_HASH, FIELD_MANAGER, FINALIZER, ROUTING_TABLE_KEY, type FacilitatorNetwork, type FacilitatorNetworkSpec } from "../operator/api.ts";
-import { startOperator, type RunningOperator } from "../operator/operator.ts";
+import { startOperator, type OperatorOptions, type RunningOperator } from "../operator/operator.ts";
 import { createReconciler } from "../operator/reconcile.ts";
 import { connect } from "../operator/kube.ts";
 import { fetchChainId } from "../operator/checks.ts";
@@ -42,7 +43,7 @@ interface World {
   logs: string[];
   operators: RunningOperator[];
   /** With `proxy`, the operators talk to the API server through it. */
-  start(identity?: string, proxy?: ApiProxy): Promise<RunningOperator>;
+  start(identity?: string, proxy?: ApiProxy, extra?: Partial<OperatorOptions>): Promise<RunningOperator>;
   stop(): Promise<void>;
 }
 
@@ -62,16 +63,18 @@ async function world(cp: ControlPlane): Promise<World> {
     opNs,
     logs,
     operators,
-    async start(identity = "op-0", proxy) {
+    async start(identity = "op-0", proxy, extra = {}) {
       const op = await startOperator({
         kubeConfig: proxy ? cp.kubeConfigForToken(cp.adminToken, proxy.url) : c.kc,
         namespace: opNs,
         facilitatorImage: "x402-fleet:test",
         identity,
         leaderElection: { leaseDurationMs: 1000, renewDeadlineMs: 600, retryPeriodMs: 100 },
+        allowPrivateRpc: true, // the anvils are on loopback
         rateLimits: { baseDelayMs: 20, maxDelayMs: 400, qps: 100, burst: 100 },
         rpcTimeoutMs: 2000,
         logger,
+        ...extra,
       });
       operators.push(op);
       return op;
@@ -241,6 +244,43 @@ describeWithControlPlane("the operator on kube-apiserver", { controllers: true, 
       expect(fixed.status!.chainId).toBe(8453);
       expect(fixed.status!.observedGeneration).toBe(2);
     } finally {
+      await w.stop();
+    }
+  });
+
+  it("without allowPrivateRpc, an RPC on a loopback, private, metadata or cluster-internal address → Degraded (RpcEndpointNotAllowed) and never contacted", async () => {
+    const w = await world(cp());
+    // A listener that counts every connection: the operator must open none.
+    const sockets: Socket[] = [];
+    const listener = createServer((s) => void sockets.push(s.destroy()));
+    await new Promise<void>((r) => listener.listen(0, "127.0.0.1", r));
+    const port = (listener.address() as { port: number }).port;
+    try {
+      const { c, ns: NS } = w;
+      await c.putSecret(NS, "base-signer", { "signer-keys": generatePrivateKey() });
+      await c.putSecret(NS, "base-rpc", { url: `http://169.254.169.254/latest/${RPC_KEY}` });
+      await putDatabaseSecret(c, NS);
+      await w.start("op-0", undefined, { allowPrivateRpc: false });
+      const cases: { name: string; rpc: FacilitatorNetworkSpec["rpc"]; label: string }[] = [
+        { name: "loopback", rpc: [{ url: `http://127.0.0.1:${port}/${RPC_KEY}` }], label: `127.0.0.1:${port}` },
+        { name: "mapped", rpc: [{ url: `http://[::ffff:127.0.0.1]:${port}/` }], label: `[::ffff:7f00:1]:${port}` },
+        { name: "in-cluster", rpc: [{ url: "http://kubernetes.default.svc/" }], label: "kubernetes.default.svc" },
+        { name: "metadata", rpc: [{ secretKeyRef: { name: "base-rpc", key: "url" } }], label: "169.254.169.254" },
+      ];
+      for (const k of cases) await c.createNetwork(NS, k.name, baseSpec({ rpc: k.rpc, network: "eip155:8453" }));
+      for (const k of cases) {
+        const fn = await waitFor(c, NS, k.name, (x) => condition(x, "Degraded")?.reason === "RpcEndpointNotAllowed", `${k.name}: RpcEndpointNotAllowed`);
+        expect(condition(fn, "Ready")).toMatchObject({ status: "False", reason: "RpcEndpointNotAllowed" });
+        const message = condition(fn, "Degraded")!.message;
+        expect(message).toContain(`RPC ${k.label} is a loopback, private or cluster-internal address`);
+        expect(message).not.toContain(RPC_KEY);
+        expect(await exists(() => c.apps.readNamespacedDeployment({ namespace: NS, name: `${k.name}-facilitator` }))).toBe(false);
+      }
+      await until(async () => (await c.eventsFor(NS, "loopback")).find((e) => e.type === "Warning" && e.reason === "RpcEndpointNotAllowed"), "the Warning event");
+      expect(sockets).toHaveLength(0);
+      expect(JSON.stringify(w.logs)).not.toContain(RPC_KEY);
+    } finally {
+      listener.close();
       await w.stop();
     }
   });
@@ -531,7 +571,7 @@ describeWithControlPlane("the operator on kube-apiserver", { controllers: true, 
       await putDatabaseSecret(c, NS);
       for (const id of ["op-1", "op-2", "op-3"]) {
         const child = spawn(process.execPath, [bin, "operator", "--facilitator-image", "x402-fleet:ha", "--namespace", OPERATOR_NS, "--admin-port", "0", "--host", "127.0.0.1"], {
-          env: { PATH: process.env.PATH ?? "", HOME: dir, KUBECONFIG: kubeconfig, POD_NAME: id, LOG_LEVEL: "warn", X402_WATCH_NAMESPACE: NS },
+          env: { PATH: process.env.PATH ?? "", HOME: dir, KUBECONFIG: kubeconfig, POD_NAME: id, LOG_LEVEL: "warn", X402_WATCH_NAMESPACE: NS, X402_OPERATOR_ALLOW_PRIVATE_RPC: "true" },
           stdio: ["ignore", "ignore", "ignore"],
         });
         procs.set(id, child);

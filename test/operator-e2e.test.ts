@@ -63,6 +63,7 @@ beforeAll(async () => {
     facilitatorImage: "x402-fleet:e2e",
     identity: "op-e2e",
     leaderElection: { leaseDurationMs: 2000, renewDeadlineMs: 1500, retryPeriodMs: 200 },
+    allowPrivateRpc: true, // the devnet's anvil is on loopback
     logger: pino({ level: "debug" }, { write: (l: string) => void operatorLogs.push(l) }),
   });
 });

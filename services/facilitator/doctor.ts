@@ -34,6 +34,8 @@ export interface DoctorOptions {
   /** A running router: its /supported must list this network's schemes. */
   routerUrl?: string;
   rpcTimeoutMs?: number;
+  /** How RPC requests leave the process (the operator passes its egress guard). */
+  fetchFn?: typeof fetch;
 }
 
 const tokenAbi = parseAbi(["function decimals() view returns (uint8)", "function name() view returns (string)", "function DOMAIN_SEPARATOR() view returns (bytes32)"]);
@@ -50,7 +52,7 @@ export async function runDoctor(opts: DoctorOptions): Promise<DoctorReport> {
   const endpoints = await Promise.all(
     config.rpcUrls.map(async (url) => {
       const name = endpointName(url); // provider URLs embed API keys: the host only
-      const client = createPublicClient({ transport: http(url, { timeout: opts.rpcTimeoutMs ?? 10_000, retryCount: 0 }) }) as PublicClient;
+      const client = createPublicClient({ transport: http(url, { timeout: opts.rpcTimeoutMs ?? 10_000, retryCount: 0, fetchFn: opts.fetchFn }) }) as PublicClient;
       try {
         const [id, head] = await Promise.all([client.getChainId(), client.getBlockNumber()]);
         return { name, client, id, head };

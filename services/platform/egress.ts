@@ -95,9 +95,10 @@ export class DestinationNotAllowed extends Error {
 }
 
 export interface Egress {
-  /** fetch (undici) through the guard: a refused destination throws DestinationNotAllowed. */
-  fetch(url: string | URL, init?: RequestInit): Promise<Response>;
+  /** fetch (undici) through the guard: a refused destination throws DestinationNotAllowed. Takes a URL, not a Request. */
+  fetch: typeof fetch;
   dispatcher: Dispatcher;
+  /** Ends every connection, in flight or idle (shutdown). */
   close(): Promise<void>;
 }
 
@@ -110,6 +111,7 @@ export function createEgress(opts: { allowPrivateNetworks: boolean; headersTimeo
   return {
     dispatcher,
     async fetch(url, init) {
+      if (typeof url !== "string" && !(url instanceof URL)) throw new TypeError("egress fetch takes a URL and init, not a Request");
       const target = new URL(url);
       const literal = opts.allowPrivateNetworks ? undefined : literalDestinationProblem(target);
       if (literal) throw new DestinationNotAllowed(literal);
@@ -120,6 +122,6 @@ export function createEgress(opts: { allowPrivateNetworks: boolean; headersTimeo
         throw e;
       }
     },
-    close: () => dispatcher.close(),
+    close: () => dispatcher.destroy(),
   };
 }
