@@ -27,7 +27,7 @@ export const ANNOTATION_SECRETS_HASH = "x402fleet.io/secrets-hash";
 export const FACILITATOR_PORT = 4021;
 /** The facilitator's admin port: /metrics, /healthz, /readyz. */
 export const ADMIN_PORT = 9421;
-/** Where the embedded store lives in a pod (an emptyDir) when no database is configured. */
+/** Where the embedded store lives in a pod when no database is configured (a PersistentVolumeClaim). */
 export const DATA_MOUNT_PATH = "/var/lib/x402";
 export const SIGNER_MOUNT_PATH = "/var/run/secrets/x402/signer";
 export const ROUTING_TABLE_KEY = "routing.json";
@@ -74,6 +74,8 @@ export interface FacilitatorNetworkSpec {
   settlement?: { receiptTimeoutSeconds?: number; confirmations?: number; maxFeePerGasWei?: string };
   assets?: string[];
   database?: { urlSecretRef: SecretKeyRef };
+  /** The embedded store's PersistentVolumeClaim, without `database`. */
+  storage?: { size?: string; storageClassName?: string };
   image?: string;
   resources?: { requests?: Record<string, Quantity>; limits?: Record<string, Quantity> };
 }

@@ -142,10 +142,38 @@ const DEFAULT_RESOURCES: { requests: Record<string, Quantity>; limits: Record<st
   limits: { memory: "1Gi" },
 };
 
+/** The embedded store's claim: `<name>-facilitator-store`. */
+export function storeClaimName(fn: FacilitatorNetwork): string {
+  return `${childName(fn)}-store`;
+}
+
+/**
+ * Without a shared database the one pod's embedded store holds the outbox and the nonces: it lives
+ * on a claim that survives restarts (collected with the resource).
+ */
+export function buildPersistentVolumeClaim(fn: FacilitatorNetwork) {
+  if (fn.spec.database) return undefined;
+  const storage = fn.spec.storage ?? {};
+  return {
+    apiVersion: "v1",
+    kind: "PersistentVolumeClaim",
+    metadata: { name: storeClaimName(fn), namespace: fn.metadata.namespace, labels: childLabels(fn), ownerReferences: [ownerReference(fn)] },
+    spec: {
+      accessModes: ["ReadWriteOnce"],
+      resources: { requests: { storage: storage.size ?? "1Gi" } },
+      ...(storage.storageClassName ? { storageClassName: storage.storageClassName } : {}),
+    },
+  };
+}
+
 export function buildDeployment(fn: FacilitatorNetwork, opts: BuildOptions) {
   const name = childName(fn);
   const labels = childLabels(fn);
   const replicas = fn.spec.replicas ?? 1;
+  // With a shared database, replicas are interchangeable: surge one, never go below the count.
+  // Without, the single pod owns the keys and the store: the old pod is gone before the new one
+  // starts (a short gap in service rather than two signers with two stores).
+  const strategy = fn.spec.database ? { type: "RollingUpdate", rollingUpdate: { maxSurge: 1, maxUnavailable: 0 } } : { type: "Recreate" };
   return {
     apiVersion: "apps/v1",
     kind: "Deployment",
@@ -154,7 +182,7 @@ export function buildDeployment(fn: FacilitatorNetwork, opts: BuildOptions) {
       replicas,
       revisionHistoryLimit: 3,
       selector: { matchLabels: selectorLabels(fn) },
-      strategy: { type: "RollingUpdate", rollingUpdate: { maxSurge: 1, maxUnavailable: 0 } },
+      strategy,
       template: {
         metadata: { labels, annotations: { [ANNOTATION_SECRETS_HASH]: opts.secretsHash } },
         spec: {
@@ -197,7 +225,7 @@ export function buildDeployment(fn: FacilitatorNetwork, opts: BuildOptions) {
               name: "signer-keys",
               secret: { secretName: fn.spec.signerSecretRef.name, items: [{ key: signerKeyName(fn), path: signerKeyName(fn) }], defaultMode: 0o440 },
             },
-            { name: "data", emptyDir: {} },
+            fn.spec.database ? { name: "data", emptyDir: {} } : { name: "data", persistentVolumeClaim: { claimName: storeClaimName(fn) } },
             { name: "tmp", emptyDir: {} },
           ],
         },

@@ -20,6 +20,10 @@ import {
 import { FIELD_MANAGER, GROUP, PLURAL, VERSION, type FacilitatorNetwork, type FacilitatorNetworkStatus } from "./api.ts";
 
 const APPLY = setHeaderOptions("Content-Type", PatchStrategy.ServerSideApply);
+// Metadata only (what controller-runtime's metadata informers ask for): the operator learns that a
+// Secret was created, changed or deleted without ever receiving the data of Secrets it does not use.
+const METADATA_LIST = setHeaderOptions("Accept", "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1");
+const METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
 
 export interface ApiError {
   code?: number;
@@ -84,6 +88,7 @@ const applyArgs = <T extends Applied>(obj: T) => ({ name: obj.metadata.name, nam
 export const apply = {
   deployment: (k: Kube, obj: Applied) => k.apps.patchNamespacedDeployment(applyArgs(obj), APPLY),
   service: (k: Kube, obj: Applied) => k.core.patchNamespacedService(applyArgs(obj), APPLY),
+  persistentVolumeClaim: (k: Kube, obj: Applied) => k.core.patchNamespacedPersistentVolumeClaim(applyArgs(obj), APPLY),
   podDisruptionBudget: (k: Kube, obj: Applied) => k.policy.patchNamespacedPodDisruptionBudget(applyArgs(obj), APPLY),
   configMap: (k: Kube, obj: Applied) => k.core.patchNamespacedConfigMap(applyArgs(obj), APPLY),
   /** Status through the /status subresource, same field manager. */
@@ -135,6 +140,22 @@ export function listNetworks(k: Kube, namespace?: string): Promise<KubernetesLis
 
 export function networksPath(namespace?: string): string {
   return namespace ? `/apis/${GROUP}/${VERSION}/namespaces/${namespace}/${PLURAL}` : `/apis/${GROUP}/${VERSION}/${PLURAL}`;
+}
+
+/** Secrets as PartialObjectMetadata: names, namespaces, resourceVersions; no data. */
+export function listSecretMetadata(k: Kube, namespace?: string): Promise<KubernetesListObject<KubernetesObject>> {
+  return namespace ? k.core.listNamespacedSecret({ namespace }, METADATA_LIST) : k.core.listSecretForAllNamespaces({}, METADATA_LIST);
+}
+
+/** A KubeConfig whose watches ask for PartialObjectMetadata (client-node's Watch takes its headers from here). */
+export function metadataWatchConfig(kubeConfig: KubeConfig): KubeConfig {
+  const wrapped = Object.create(kubeConfig) as KubeConfig;
+  wrapped.applyToFetchOptions = async (opts) => {
+    const init = await kubeConfig.applyToFetchOptions(opts);
+    (init.headers as { set(k: string, v: string): void }).set("Accept", METADATA_WATCH);
+    return init;
+  };
+  return wrapped;
 }
 
 /** Reads a Secret and decodes its values. Never logged, never returned beyond the checks. */

@@ -1,10 +1,10 @@
 // The operator process: campaign for the Lease; as the leader, start informers on
-// FacilitatorNetworks, the Deployments we manage, Secrets and the routing ConfigMap, wait for
+// FacilitatorNetworks, the Deployments we manage, Secret metadata and the routing ConfigMap, wait for
 // their first lists, and run the workers. On SIGTERM: stop taking keys, let passes in progress
 // finish, release the Lease. On a lost Lease: stop at once (the process exits and restarts).
 import { hostname } from "node:os";
 import { randomBytes } from "node:crypto";
-import type { KubeConfig, KubernetesObject, V1ConfigMap, V1Deployment, V1Secret } from "@kubernetes/client-node";
+import type { KubeConfig, KubernetesObject, V1ConfigMap, V1Deployment } from "@kubernetes/client-node";
 import { createLogger, type Logger } from "../services/platform/logger.ts";
 import type { Metrics } from "../services/platform/metrics.ts";
 import { API_VERSION, KIND, LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY, keyOf, type FacilitatorNetwork } from "./api.ts";
@@ -12,7 +12,7 @@ import { referencedSecrets } from "./builders.ts";
 import { createChainChecker } from "./chain-checks.ts";
 import { fetchChainId } from "./checks.ts";
 import { createEgress } from "../services/platform/egress.ts";
-import { connect, listNetworks, networksPath } from "./kube.ts";
+import { connect, listNetworks, listSecretMetadata, metadataWatchConfig, networksPath } from "./kube.ts";
 import { createReconciler } from "./reconcile.ts";
 import { createController, done, type Controller } from "./runtime/controller.ts";
 import { startInformer, type Informer } from "./runtime/informer.ts";
@@ -171,10 +171,12 @@ export async function startOperator(opts: OperatorOptions): Promise<RunningOpera
       onUpdate: onOwned,
       onDelete: onOwned,
     });
-    const secrets = startInformer<V1Secret>({
-      kubeConfig: opts.kubeConfig,
+    // Secret metadata only: a change to a referenced Secret queues its networks, whose reconcile
+    // then reads just the Secrets they reference.
+    const secrets = startInformer<KubernetesObject>({
+      kubeConfig: metadataWatchConfig(opts.kubeConfig),
       path: ns ? `/api/v1/namespaces/${ns}/secrets` : "/api/v1/secrets",
-      list: () => (ns ? kube.core.listNamespacedSecret({ namespace: ns }) : kube.core.listSecretForAllNamespaces()),
+      list: () => listSecretMetadata(kube, ns),
       logger,
       onAdd: onSecret,
       onUpdate: onSecret,
@@ -208,7 +210,7 @@ export async function startOperator(opts: OperatorOptions): Promise<RunningOpera
       const owner = d.metadata?.ownerReferences?.find((r) => r.controller && r.kind === KIND && r.apiVersion === API_VERSION);
       if (owner && d.metadata?.namespace) ctrl.enqueue(keyOf(d.metadata.namespace, owner.name));
     }
-    function onSecret(s: V1Secret) {
+    function onSecret(s: KubernetesObject) {
       const namespace = s.metadata?.namespace;
       const name = s.metadata?.name;
       if (!namespace || !name) return;

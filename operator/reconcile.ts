@@ -8,6 +8,7 @@ import { CONTROLLER_NAME, FINALIZER, keyOf, splitKey, type FacilitatorNetwork } 
 import {
   buildDeployment,
   buildEvent,
+  buildPersistentVolumeClaim,
   buildPodDisruptionBudget,
   buildRoutingConfigMap,
   buildRoutingTable,
@@ -129,6 +130,10 @@ export function createReconciler(deps: ReconcilerDeps): Reconciler {
     }
     let dep: DeploymentState | undefined;
     if (!check.observation.blocker) {
+      // The claim first: a pod of the new template must not wait for it. Kept when a database is
+      // added later (it may hold settlements still in flight); collected with the resource.
+      const claim = buildPersistentVolumeClaim(fn);
+      if (claim) await apply.persistentVolumeClaim(kube, claim);
       const applied = await apply.deployment(kube, buildDeployment(fn, { image: config.image, secretsHash: check.secretsHash }));
       await apply.service(kube, buildService(fn));
       const pdb = buildPodDisruptionBudget(fn);

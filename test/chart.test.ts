@@ -294,6 +294,8 @@ describe("the operator", () => {
         "apps/deployments:patch",
         "core/services:create",
         "core/services:patch",
+        "core/persistentvolumeclaims:create",
+        "core/persistentvolumeclaims:patch",
         "policy/poddisruptionbudgets:get",
         "policy/poddisruptionbudgets:create",
         "policy/poddisruptionbudgets:patch",

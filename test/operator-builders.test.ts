@@ -6,7 +6,7 @@ import { createServer, type AddressInfo } from "node:net";
 import { parse as parseYaml } from "yaml";
 import { beforeAll, describe, expect, it } from "vitest";
 import { Deployment } from "kubernetes-models/apps/v1";
-import { ConfigMap, Service } from "kubernetes-models/v1";
+import { ConfigMap, PersistentVolumeClaim, Service } from "kubernetes-models/v1";
 import { PodDisruptionBudget } from "kubernetes-models/policy/v1";
 import { Event } from "kubernetes-models/events.k8s.io/v1";
 import { CoreV1Api } from "@kubernetes/client-node";
@@ -16,6 +16,7 @@ import { ANNOTATION_SECRETS_HASH, FACILITATOR_PORT, ROUTING_TABLE_KEY, type Cond
 import {
   buildDeployment,
   buildEvent,
+  buildPersistentVolumeClaim,
   buildPodDisruptionBudget,
   buildRoutingConfigMap,
   buildRoutingTable,
@@ -108,6 +109,23 @@ describe("the Deployment", () => {
     expect(d.spec.strategy).toEqual({ type: "RollingUpdate", rollingUpdate: { maxSurge: 1, maxUnavailable: 0 } });
   });
 
+  it("without a database: the store on a PersistentVolumeClaim and Recreate, so one pod at a time holds the keys", () => {
+    const d = buildDeployment(network(), OPTS);
+    expect(d.spec.strategy).toEqual({ type: "Recreate" }); // never a surge pod beside the old one
+    expect(d.spec.template.spec.volumes).toContainEqual({ name: "data", persistentVolumeClaim: { claimName: "base-facilitator-store" } });
+    const claim = buildPersistentVolumeClaim(network())!;
+    new PersistentVolumeClaim(claim as never).validate();
+    expect(claim.metadata).toMatchObject({ name: "base-facilitator-store", namespace: "payments" });
+    expect(claim.metadata.ownerReferences[0]).toMatchObject({ kind: "FacilitatorNetwork", uid: "uid-base", controller: true });
+    expect(claim.spec).toEqual({ accessModes: ["ReadWriteOnce"], resources: { requests: { storage: "1Gi" } } }); // the cluster's default class
+    expect(buildPersistentVolumeClaim(network({ storage: { size: "5Gi", storageClassName: "fast-ssd" } }))!.spec).toEqual({
+      accessModes: ["ReadWriteOnce"],
+      resources: { requests: { storage: "5Gi" } },
+      storageClassName: "fast-ssd",
+    });
+    expect(buildPersistentVolumeClaim(network({ database: { urlSecretRef: { name: "db", key: "url" } } }))).toBeUndefined();
+  });
+
   it("defaults schemes, replicas, key name and resources, and honours image and resources overrides", () => {
     const d = buildDeployment(network(), OPTS);
     const c = d.spec.template.spec.containers[0]!;
@@ -115,7 +133,7 @@ describe("the Deployment", () => {
     expect(env(network()).X402_SCHEMES!.value).toBe("exact");
     expect(env(network()).X402_SIGNER_KEY_FILE!.value).toBe("/var/run/secrets/x402/signer/signer-keys");
     expect(env(network()).X402_CONFIRMATIONS).toBeUndefined();
-    expect(env(network()).DATABASE_URL).toBeUndefined(); // the embedded store, in the data emptyDir
+    expect(env(network()).DATABASE_URL).toBeUndefined(); // the embedded store, on its claim
     expect(env(network()).X402_DATA_DIR!.value).toBe("/var/lib/x402");
     expect(c.resources).toEqual({ requests: { cpu: "100m", memory: "128Mi" }, limits: { memory: "1Gi" } });
     const custom = buildDeployment(network({ image: "registry.local/x402:dev", resources: { requests: { cpu: "1" }, limits: { cpu: 2, memory: "1Gi" } } }), OPTS);
@@ -453,6 +471,9 @@ describeWithControlPlane("the built objects on kube-apiserver (server-side dry r
     expect(await dryRun("/apis/apps/v1/namespaces/payments/deployments", buildDeployment(full, OPTS))).toEqual({ status: 201, message: "" });
     expect(await dryRun("/api/v1/namespaces/payments/services", buildService(full))).toEqual({ status: 201, message: "" });
     expect(await dryRun("/apis/policy/v1/namespaces/payments/poddisruptionbudgets", buildPodDisruptionBudget(full)!)).toEqual({ status: 201, message: "" });
+    const embedded = network({ storage: { size: "2Gi", storageClassName: "standard" } });
+    expect(await dryRun("/api/v1/namespaces/payments/persistentvolumeclaims", buildPersistentVolumeClaim(embedded)!)).toEqual({ status: 201, message: "" });
+    expect(await dryRun("/apis/apps/v1/namespaces/payments/deployments", buildDeployment(embedded, OPTS))).toEqual({ status: 201, message: "" });
     const table = buildRoutingTable([], "cluster.local");
     expect(await dryRun("/api/v1/namespaces/payments/configmaps", buildRoutingConfigMap(table, { name: "x402-fleet-routing", namespace: "payments" }))).toEqual({ status: 201, message: "" });
     const e = buildEvent(full, { type: "Warning", reason: "ChainIdMismatch", note: "x" }, { now: new Date("2026-01-01T00:00:00.123Z"), seq: 7, instance: "op-0", controller: "x402fleet.io/operator" });

@@ -12,6 +12,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { pino } from "pino";
+import { Watch, type V1Pod } from "@kubernetes/client-node";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { startAnvil, stopChild, type AnvilNode } from "../services/devnet/anvil.ts";
 import { parseRoutingTable, type RoutingTable } from "../services/router/routing-table.ts";
@@ -312,14 +313,17 @@ describeWithControlPlane("the operator on kube-apiserver", { controllers: true, 
     }
   });
 
-  it("a spec change → a rollout and the new observedGeneration; a Secret change rolls the pods; a PodDisruptionBudget while replicas > 1", async () => {
+  it("a spec change → a rollout and the new observedGeneration; a Secret change rolls the pods (Secrets watched as metadata only); a PodDisruptionBudget while replicas > 1", async () => {
     const w = await world(cp());
+    const proxy = await startApiProxy(cp().url, cp().caPem); // sees every byte the server sends the operator
+    const UNRELATED = "UNRELATED-SECRET-VALUE-9c1e";
     try {
       const { c, ns: NS } = w;
       const key1 = generatePrivateKey();
       await c.putSecret(NS, "base-signer", { "signer-keys": key1 });
       await putDatabaseSecret(c, NS);
-      await w.start();
+      for (const n of [NS, w.other]) await c.putSecret(n, "unrelated-app-secret", { token: UNRELATED });
+      await w.start("op-0", proxy);
       await c.createNetwork(NS, "base", baseSpec());
       await waitFor(c, NS, "base", ready, "Ready");
       const before = await c.apps.readNamespacedDeployment({ namespace: NS, name: "base-facilitator" });
@@ -364,7 +368,74 @@ describeWithControlPlane("the operator on kube-apiserver", { controllers: true, 
 
       await c.patchNetwork(NS, "base", { spec: { replicas: 1 } });
       await until(async () => !(await exists(() => c.policy.readNamespacedPodDisruptionBudget({ namespace: NS, name: "base-facilitator" }))), "the PodDisruptionBudget to go");
+
+      // The Secret list and watch carried metadata only: the operator saw the unrelated Secrets'
+      // names, never their data; it read the referenced Secrets one by one.
+      const collection = proxy.received(/^\/api\/v1(\/namespaces\/[^/]+)?\/secrets$/);
+      expect(collection).toContain('"kind":"PartialObjectMetadataList"');
+      expect(collection).toContain('"name":"unrelated-app-secret"');
+      expect(collection).toContain('"kind":"PartialObjectMetadata"'); // watch events (the rotations)
+      const everything = proxy.received(/./);
+      expect(everything).not.toContain(Buffer.from(UNRELATED).toString("base64"));
+      expect(proxy.received(/\/secrets\/base-signer$/)).toContain(Buffer.from(key2).toString("base64"));
     } finally {
+      await w.stop();
+      await proxy.close();
+    }
+  });
+
+  it("without a database: the store on a claim that outlives the pods, and no rollout ever has two pods holding the keys (pods watched throughout)", async () => {
+    const w = await world(cp());
+    let watching: { abort(): void } | undefined;
+    try {
+      const { c, ns: NS } = w;
+      await c.putSecret(NS, "polygon-signer", { "signer-keys": generatePrivateKey() });
+      await w.start();
+      // every pod of the namespace from creation to deletion (or a terminal phase): who holds the keys
+      const live = new Set<string>();
+      const seen = new Set<string>();
+      let most = 0;
+      const list = await c.core.listNamespacedPod({ namespace: NS });
+      expect(list.items).toEqual([]);
+      watching = await new Watch(c.kc).watch(
+        `/api/v1/namespaces/${NS}/pods`,
+        { resourceVersion: list.metadata!.resourceVersion },
+        (type: string, pod: V1Pod) => {
+          const uid = pod.metadata!.uid!;
+          seen.add(uid);
+          const ended = type === "DELETED" || pod.status?.phase === "Succeeded" || pod.status?.phase === "Failed";
+          if (ended) live.delete(uid);
+          else live.add(uid);
+          most = Math.max(most, live.size);
+        },
+        () => undefined,
+      );
+      await c.createNetwork(NS, "polygon", { network: "eip155:137", rpc: [{ url: polygon.rpcUrl }], signerSecretRef: { name: "polygon-signer" } });
+      const first = await waitFor(c, NS, "polygon", ready, "Ready");
+      const claim = await c.core.readNamespacedPersistentVolumeClaim({ namespace: NS, name: "polygon-facilitator-store" });
+      expect(claim.status!.phase).toBe("Bound"); // a real volume from the provisioner; the pod scheduled with it
+      expect(claim.metadata!.ownerReferences![0]).toMatchObject({ kind: "FacilitatorNetwork", uid: first.metadata.uid });
+      const dep = await c.apps.readNamespacedDeployment({ namespace: NS, name: "polygon-facilitator" });
+      expect(dep.spec!.strategy).toEqual({ type: "Recreate" });
+
+      const rolledOut = (generation: number) => (fn: FacilitatorNetwork) =>
+        ready(fn) && fn.status?.observedGeneration === generation && condition(fn, "Progressing")?.reason === "RolloutComplete";
+      // a spec change and a signer rotation: two rollouts, each replacing the pod
+      await c.patchNetwork(NS, "polygon", { spec: { schemes: ["exact", "upto"] } });
+      await waitFor(c, NS, "polygon", rolledOut(2), "the schemes rolled out");
+      await c.putSecret(NS, "polygon-signer", { "signer-keys": generatePrivateKey() });
+      await until(async () => {
+        const pods = (await c.core.listNamespacedPod({ namespace: NS })).items;
+        return seen.size >= 3 && pods.length === 1 && pods[0]!.status?.conditions?.some((x) => x.type === "Ready" && x.status === "True");
+      }, "the rotation's pod Ready");
+      expect(seen.size).toBeGreaterThanOrEqual(3);
+      expect(most).toBe(1);
+      const after = await c.core.readNamespacedPersistentVolumeClaim({ namespace: NS, name: "polygon-facilitator-store" });
+      expect(after.metadata!.uid).toBe(claim.metadata!.uid); // the same store across every pod
+      const pod = (await c.core.listNamespacedPod({ namespace: NS })).items[0]!;
+      expect(pod.spec!.volumes).toContainEqual(expect.objectContaining({ name: "data", persistentVolumeClaim: { claimName: "polygon-facilitator-store" } }));
+    } finally {
+      watching?.abort();
       await w.stop();
     }
   });

@@ -167,15 +167,17 @@ afterAll(async () => {
         return condition(f, "Ready")?.status === "True" && condition(f, "Progressing")?.reason === "RolloutComplete" && f!.status!.observedGeneration === f!.metadata.generation ? f : undefined;
       }, what, 60_000);
 
-    // change spec.schemes: while the new pods are held back, only the kinds both generations serve are advertised
+    // change spec.schemes: without a database the pod is replaced, never surged (one pod holds the
+    // keys): while the new pod is held back nothing serves, and the network leaves the routing table
     await cluster.cordon();
     kubectl(["apply", "-f", "-"], manifest({ ...baseSpec, schemes: ["exact", "upto"] }));
     const rolling = await until(async () => {
       const f = await status();
-      return f?.status?.observedGeneration === 2 && condition(f, "Progressing")?.reason === "RollingOut" ? f : undefined;
-    }, "the schemes rollout in progress");
-    expect(rolling.status!.kinds!.map((k) => k.scheme)).toEqual(["exact"]);
-    expect((await readTable()).backends[0]!.kinds.map((k) => k.scheme)).toEqual(["exact"]);
+      return f?.status?.observedGeneration === 2 && condition(f, "Ready")?.status === "False" ? f : undefined;
+    }, "the schemes rollout in progress, the old pod gone");
+    expect(condition(rolling, "Ready")!.reason).toBe("DeploymentUnavailable");
+    expect((await cluster.core.listNamespacedPod({ namespace: NS })).items.map((p) => p.status!.phase)).toEqual(["Pending"]);
+    await until(async () => (await readTable()).backends.length === 0, "the network out of the routing table");
     await cluster.uncordon();
     const withUpto = await rolledOut("the schemes rolled out");
     expect(withUpto.status!.kinds!.map((k) => k.scheme)).toEqual(["exact", "upto"]);

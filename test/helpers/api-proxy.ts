@@ -13,6 +13,8 @@ export interface ApiProxy {
   release(): void;
   /** The next request matching `when` is answered 500 by the proxy (fault injection). */
   failOnce(when: (method: string, path: string) => boolean): void;
+  /** Everything the server answered to requests whose path matches (lists, watch streams, reads), as text. */
+  received(path: RegExp): string;
   /** Ends every open watch response cleanly (the client re-watches from its last resourceVersion). */
   endWatches(): number;
   close(): Promise<void>;
@@ -26,6 +28,7 @@ export async function startApiProxy(upstream: string, ca: string): Promise<ApiPr
   const faults: ((method: string, path: string) => boolean)[] = [];
   let holding = false;
   const sockets = new Set<Socket>();
+  const transcript: { path: string; chunks: Buffer[] }[] = [];
 
   const forward = (req: IncomingMessage, res: ServerResponse) => {
     const url = new URL(req.url ?? "/", "http://proxy");
@@ -41,8 +44,12 @@ export async function startApiProxy(upstream: string, ca: string): Promise<ApiPr
     if (req.method === "GET" && isWatch) stats.watches++;
     else if (req.method === "GET" && /\/(api\/v1|apis\/[^/]+\/[^/]+)(\/namespaces\/[^/]+)?\/[a-z]+$/.test(url.pathname)) stats.lists++;
     const up = httpsRequest(
-      { host: target.hostname, port: target.port, method: req.method, path: req.url, headers: { ...req.headers, host: target.host }, ca },
+      // identity encoding: what the server answered stays readable in the transcript
+      { host: target.hostname, port: target.port, method: req.method, path: req.url, headers: { ...req.headers, host: target.host, "accept-encoding": "identity" }, ca },
       (upRes) => {
+        const entry = { path: url.pathname, chunks: [] as Buffer[] };
+        transcript.push(entry);
+        upRes.on("data", (chunk: Buffer) => void entry.chunks.push(chunk));
         res.writeHead(upRes.statusCode ?? 502, upRes.headers);
         res.flushHeaders(); // a watch answers headers first and events later
         if (isWatch) {
@@ -77,6 +84,7 @@ export async function startApiProxy(upstream: string, ca: string): Promise<ApiPr
   return {
     url: `http://127.0.0.1:${typeof address === "object" && address ? address.port : 0}`,
     stats: () => ({ ...stats }),
+    received: (path) => transcript.filter((t) => path.test(t.path)).map((t) => Buffer.concat(t.chunks).toString("utf8")).join("\n"),
     failOnce: (when) => void faults.push(when),
     hold: () => void (holding = true),
     release: () => {

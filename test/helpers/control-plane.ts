@@ -2,7 +2,8 @@
 // etcd and kube-apiserver (secure serving with a throwaway CA, static admin token, RBAC, the
 // ServiceAccount token signer so TokenRequest works), and, for suites that need objects to
 // move, kube-controller-manager (garbage collector, Deployment/ReplicaSet/StatefulSet
-// controllers, ServiceAccounts), kube-scheduler and kwok with fake nodes (scheduled pods become
+// controllers, ServiceAccounts, PersistentVolume binding and the in-tree hostPath provisioner
+// behind a default StorageClass, as kind's local-path one), kube-scheduler and kwok with fake nodes (scheduled pods become
 // Running and Ready without a kubelet). Binaries come from scripts/build-control-plane.sh (or
 // KUBEBUILDER_ASSETS). One control plane per test file; tests isolate themselves by namespace.
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
@@ -13,7 +14,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { request as httpsRequest } from "node:https";
-import { CoreV1Api, KubeConfig } from "@kubernetes/client-node";
+import { CoreV1Api, KubeConfig, StorageV1Api } from "@kubernetes/client-node";
 import { afterAll, beforeAll, describe, it } from "vitest";
 import { parse as parseYaml } from "yaml";
 
@@ -312,8 +313,18 @@ export async function startControlPlane(o: ControlPlaneOptions = {}): Promise<Co
         `--root-ca-file=${join(dir, "ca.crt")}`,
         "--controllers=*",
         "--concurrent-gc-syncs=5",
+        // claims get volumes (directories under /tmp/hostpath_pv), so pods with a claim schedule
+        "--enable-hostpath-provisioner=true",
         "--v=0",
       ]);
+      await kc.makeApiClient(StorageV1Api).createStorageClass({
+        body: {
+          metadata: { name: "standard", annotations: { "storageclass.kubernetes.io/is-default-class": "true" } },
+          provisioner: "kubernetes.io/host-path",
+          reclaimPolicy: "Delete",
+          volumeBindingMode: "Immediate",
+        },
+      });
     }
     if (o.fakeNodes) {
       launch("kube-scheduler", [`--kubeconfig=${kubeconfigPath}`, "--leader-elect=false", "--secure-port=0", "--v=0"]);
