@@ -252,6 +252,23 @@ export function overview() {
           },
         ],
       },
+      {
+        row: "Wallets",
+        panels: [
+          {
+            title: "Wallet service requests",
+            description: "Requests to the custodial wallet service (wallets.enabled) by route and HTTP status; 5xx feed X402WalletsServerErrors.",
+            unit: "reqps",
+            stack: true,
+            targets: [{ expr: `sum by (route, status) (rate(x402_http_requests_total{service="wallets"}[${RATE}]))`, legend: "{{route}} {{status}}" }],
+          },
+          {
+            title: "Wallet data keys by master key",
+            description: "Data keys wrapped by each master key; after a rotation the old key's count falls to 0 as keys are rewrapped (\"unloaded\": a key no longer in the Secret).",
+            targets: [{ expr: `max by (master_key) (x402_wallet_data_keys)`, legend: "{{master_key}}" }],
+          },
+        ],
+      },
     ],
   });
 }

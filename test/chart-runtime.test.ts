@@ -59,6 +59,14 @@ async function payOnDevnet() {
     return has(t, /^x402_settlement_outbox\{.*state="confirmed".*\} 1$/) ? t : undefined;
   }, "the outbox gauges", 15_000);
   metrics.router = await metricsText(d.info.routerAdminUrl);
+  // the devnet's wallet service: a wallet created (a data key wrapped by the master key)
+  const created = await fetch(`${d.info.walletsUrl}/v1/wallets`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${d.info.walletsApiKey}`, "content-type": "application/json" },
+    body: JSON.stringify({ label: "chart-runtime" }),
+  });
+  expect(created.status).toBe(201);
+  metrics.wallets = await metricsText(d.info.walletsAdminUrl!);
 }
 
 async function runHub() {
@@ -124,7 +132,7 @@ async function runOperator(cp: ControlPlane, env: Record<string, string>) {
 describeWithControlPlane("the chart against running services", { controllers: true, fakeNodes: 1, crds: [CRD_PATH] }, (cp) => {
 let chartDocs: Doc[];
 beforeAll(async () => {
-  chartDocs = render({ namespace: NS, values: { monitoring: { enabled: true }, operator: { allowPrivateRpc: true } }, apiVersions: ["monitoring.coreos.com/v1/ServiceMonitor"] });
+  chartDocs = render({ namespace: NS, values: { monitoring: { enabled: true }, operator: { allowPrivateRpc: true }, wallets: { enabled: true, masterKeys: { existingSecret: "wallets-master" } } }, apiVersions: ["monitoring.coreos.com/v1/ServiceMonitor"] });
   docs = chartDocs;
   const deployment = one(docs, "Deployment", "fleet-x402-fleet-operator") as Doc & { spec: { template: { spec: { containers: { env: { name: string; value?: string }[] }[] } } } };
   const env = Object.fromEntries(deployment.spec.template.spec.containers[0]!.env.filter((e) => e.value !== undefined).map((e) => [e.name, e.value!]));
@@ -167,8 +175,8 @@ describe("the metrics of the dashboards and alerts, on running services", () => 
     expositions = Object.fromEntries(Object.entries(metrics).map(([k, v]) => [k, parseExposition(v)]));
   });
 
-  it("were gathered from the router, the facilitator, the hub and the operator", () => {
-    expect(Object.keys(expositions).sort()).toEqual(["facilitator", "hub", "operator", "router"]);
+  it("were gathered from the router, the facilitator, the hub, the wallet service and the operator", () => {
+    expect(Object.keys(expositions).sort()).toEqual(["facilitator", "hub", "operator", "router", "wallets"]);
     expect(expositions.router!.get("x402_router_backend_up")).toEqual([{ network: "eip155:8453", service: "router" }]);
     expect(expositions.facilitator!.get("x402_settle_total")!.map((s) => s.result).sort()).toEqual(["failure", "failure", "success"]);
     expect(queries().length).toBeGreaterThan(40);

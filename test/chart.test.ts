@@ -68,6 +68,14 @@ const MATRIX: Record<string, RenderOptions> = {
       },
       operator: { watchNamespace: "payments", facilitatorImage: "registry.example.com/x402-fleet:0.1.0", serviceAccount: { annotations: { "eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x" } } },
       hub: { database: { url: "postgres://hub:pw@db:5432/hub" }, domainName: "x402-fleet hub (prod)", chainId: 8453, rpcSecretRef: { name: "hub-rpc", key: "url" }, ingress: { enabled: true } },
+      wallets: {
+        enabled: true,
+        masterKeys: { existingSecret: "wallets-master" },
+        adminToken: { existingSecret: "wallets-admin" },
+        database: { existingSecret: "wallets-db" },
+        rpcSecretRef: { name: "wallets-rpc", key: "urls" },
+        ingress: { enabled: true },
+      },
       networks: TWO_NETWORKS,
       monitoring: { enabled: true, facilitators: { namespaces: ["payments"] }, rules: { runbookBaseUrl: "https://git.example.com/x402-fleet/blob/main/docs/runbooks.md", signerBalanceLowWeiByNetwork: { "eip155:137": "5000000000000000000" } } },
       dashboards: { namespace: "grafana", annotations: { grafana_folder: "x402-fleet" } },
@@ -157,7 +165,7 @@ describe.each(Object.keys(MATRIX))("helm template: %s", (name) => {
 
   it("runs every pod under the restricted Pod Security profile, with probes on the admin port and resource requests", () => {
     const deployments = find(docsOf(name), "Deployment");
-    expect(deployments.length).toBe(name === "hub off" ? 2 : 3);
+    expect(deployments.length).toBe(name === "hub off" ? 2 : name === "everything" ? 4 : 3); // + wallets in "everything"
     for (const d of deployments) {
       const pod = podSpec(d);
       expect(restrictedViolations(pod), d.metadata.name).toEqual([]);
@@ -448,6 +456,12 @@ describe("monitoring", () => {
     expect(render({ values: { monitoring: { enabled: true, rules: { enabled: false } } }, apiVersions: [MONITORING_API] }).some((d) => d.kind === "PrometheusRule")).toBe(false);
     const alerts = (rules.spec as { groups: { rules: { alert: string }[] }[] }).groups.flatMap((g) => g.rules.map((r) => r.alert));
     expect(alerts).toEqual(["X402SettlementFailureRatioHigh", "X402SettlementPendingTooLong", "X402SignerBalanceLow", "X402RpcErrorRatioHigh", "X402NetworkNotReady", "X402OperatorReconcileErrors", "X402RouterBackendDown", "X402UnhandledErrors"]);
+    // with the wallet service: its ServiceMonitor and its alert
+    const withWallets = docsOf("everything");
+    expect(one(withWallets, "ServiceMonitor", "fleet-x402-fleet-wallets")).toBeDefined();
+    const walletAlerts = (one(withWallets, "PrometheusRule", "fleet-x402-fleet").spec as { groups: { name: string; rules: { alert: string; expr: string }[] }[] }).groups.find((g) => g.name === "x402-fleet.wallets")!;
+    expect(walletAlerts.rules.map((r) => r.alert)).toEqual(["X402WalletsServerErrors"]);
+    expect(walletAlerts.rules[0]!.expr).toContain('> 0.05');
   });
 
   it("selects the chart's Services and pods on their admin ports, and keeps the `service` label the queries use", () => {
@@ -504,8 +518,8 @@ describe("Grafana dashboards", () => {
 });
 
 describe("dashboards and alerts, statically", () => {
-  const alertRules = () =>
-    (one(docsOf("monitoring on (API present)"), "PrometheusRule", "fleet-x402-fleet").spec as { groups: { rules: { alert: string; expr: string; for: string; labels: { severity: string } }[] }[] }).groups.flatMap((g) => g.rules);
+  const alertRules = (matrix = "monitoring on (API present)") =>
+    (one(docsOf(matrix), "PrometheusRule", "fleet-x402-fleet").spec as { groups: { rules: { alert: string; expr: string; for: string; labels: { severity: string } }[] }[] }).groups.flatMap((g) => g.rules);
   const dashboardExprs = () =>
     Object.keys(DASHBOARDS).flatMap((name) => {
       const d = JSON.parse(readFileSync(join(CHART, "dashboards", `${name}.json`), "utf8")) as { panels: { targets?: { expr: string }[] }[]; templating: { list: { query?: unknown }[] } };
@@ -559,13 +573,14 @@ describe("dashboards and alerts, statically", () => {
 
   it("every alert has a severity, a `for`, and a runbook section in docs/runbooks.md", () => {
     const runbooks = readFileSync(join(ROOT, "docs", "runbooks.md"), "utf8");
-    for (const r of alertRules()) {
+    const all = alertRules("everything"); // every component on: the wallet service's alerts too
+    for (const r of all) {
       expect(["critical", "warning"]).toContain(r.labels.severity);
       expect(r.for).toMatch(/^\d+m$/);
       expect(runbooks).toContain(`\n## ${r.alert}\n`);
     }
     const sections = [...runbooks.matchAll(/^## (\S+)$/gm)].map((m) => m[1]);
-    expect(sections).toEqual(alertRules().map((r) => r.alert));
+    expect(sections).toEqual(all.map((r) => r.alert));
   });
 });
 
@@ -573,7 +588,10 @@ describe("NetworkPolicy", () => {
   it("admits the public ports from publicFrom and the admin ports from metricsFrom; the router's egress only to DNS and facilitators", () => {
     const docs = docsOf("everything");
     const policies = find(docs, "NetworkPolicy");
-    expect(policies.map((p) => p.metadata.name).sort()).toEqual(["fleet-x402-fleet-hub", "fleet-x402-fleet-operator", "fleet-x402-fleet-router"]);
+    expect(policies.map((p) => p.metadata.name).sort()).toEqual(["fleet-x402-fleet-hub", "fleet-x402-fleet-operator", "fleet-x402-fleet-router", "fleet-x402-fleet-wallets"]);
+    const wallets = one(docs, "NetworkPolicy", "fleet-x402-fleet-wallets").spec as { policyTypes: string[]; ingress: { ports: { port: number }[] }[] };
+    expect(wallets.policyTypes).toEqual(["Ingress"]); // /fetch reaches resource servers anywhere
+    expect(wallets.ingress.map((r) => r.ports[0]!.port)).toEqual([4040, 9440]);
     const router = one(docs, "NetworkPolicy", "fleet-x402-fleet-router").spec as { podSelector: object; policyTypes: string[]; ingress: { ports: { port: number }[]; from: object[] }[]; egress: { ports: { port: number }[]; to?: object[] }[] };
     expect(router.podSelector).toEqual({ matchLabels: (one(docs, "Deployment", "fleet-x402-fleet-router").spec as { selector: { matchLabels: object } }).selector.matchLabels });
     expect(router.policyTypes).toEqual(["Ingress", "Egress"]);
@@ -584,6 +602,40 @@ describe("NetworkPolicy", () => {
     const operator = one(docs, "NetworkPolicy", "fleet-x402-fleet-operator").spec as typeof router;
     expect(operator.policyTypes).toEqual(["Ingress"]); // the operator needs the API server and RPC providers
     expect(operator.ingress.map((r) => r.ports[0]!.port)).toEqual([9422]);
+  });
+});
+
+describe("the wallet service", () => {
+  it("is off by default and refuses to render without its master keys", () => {
+    expect(find(docsOf("defaults"), "Deployment").map((d) => d.metadata.name)).not.toContain("fleet-x402-fleet-wallets");
+    expect(renderError({ values: { wallets: { enabled: true } } })).toContain("wallets.masterKeys.existingSecret is required");
+    expect(renderError({ values: { wallets: { enabled: true, masterKeys: { existingSecret: "m" }, database: { existingSecret: "a", url: "postgres://x@y/z" } } } })).toContain("set existingSecret or url, not both");
+  });
+
+  it("runs `x402-fleet wallets` with its secrets as mounted files and Secret references, a Service, a PodDisruptionBudget and a ServiceMonitor", () => {
+    const docs = docsOf("everything");
+    const d = one(docs, "Deployment", "fleet-x402-fleet-wallets");
+    const pod = podSpec(d);
+    const c = pod.containers[0]!;
+    expect(c.args).toEqual(["wallets"]);
+    const env = Object.fromEntries((c.env as { name: string; value?: string; valueFrom?: object }[]).map((e) => [e.name, e.value ?? e.valueFrom]));
+    expect(env).toMatchObject({
+      PORT: "4040",
+      ADMIN_PORT: "9440",
+      DATABASE_URL: { secretKeyRef: { name: "wallets-db", key: "url" } },
+      WALLETS_MASTER_KEY_FILE: "/var/run/secrets/x402/wallets/master-keys",
+      WALLETS_ADMIN_TOKEN_FILE: "/var/run/secrets/x402/wallets-admin/admin-token",
+      WALLETS_RPC_URLS: { secretKeyRef: { name: "wallets-rpc", key: "urls" } },
+    });
+    expect(env.WALLETS_ALLOW_PRIVATE_NETWORKS).toBeUndefined(); // /fetch stays on public addresses
+    // whole-Secret volumes (no subPath): an edited Secret reaches the pod, which reloads the keys
+    expect(pod.volumes).toContainEqual({ name: "master-keys", secret: { secretName: "wallets-master", items: [{ key: "master-keys", path: "master-keys" }], defaultMode: 0o440 } });
+    expect((c.volumeMounts as { subPath?: string }[]).every((m) => m.subPath === undefined)).toBe(true);
+    expect(JSON.stringify(d)).not.toMatch(/postgres:\/\//); // no secret value in the Deployment
+    expect((one(docs, "Service", "fleet-x402-fleet-wallets").spec as { ports: { name: string; port: number }[] }).ports.map((p) => [p.name, p.port])).toEqual([["http", 80], ["admin", 9440]]);
+    expect(one(docs, "PodDisruptionBudget", "fleet-x402-fleet-wallets").spec).toMatchObject({ maxUnavailable: 1 });
+    expect(one(docs, "ServiceMonitor", "fleet-x402-fleet-wallets")).toBeDefined();
+    expect(one(docs, "Ingress", "fleet-x402-fleet-wallets")).toBeDefined();
   });
 });
 

@@ -35,6 +35,10 @@
 {{- end -}}
 {{- end -}}
 
+{{- define "x402-fleet.walletsDatabaseSecret" -}}
+{{- default (printf "%s-wallets-database" (include "x402-fleet.fullname" .)) .Values.wallets.database.existingSecret -}}
+{{- end -}}
+
 {{- define "x402-fleet.hubDatabaseSecret" -}}
 {{- default (printf "%s-hub-database" (include "x402-fleet.fullname" .)) .Values.hub.database.existingSecret -}}
 {{- end -}}
