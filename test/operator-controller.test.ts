@@ -262,13 +262,14 @@ describeWithControlPlane("the operator on kube-apiserver", { controllers: true, 
       await c.putSecret(NS, "base-rpc", { url: `http://169.254.169.254/latest/${RPC_KEY}` });
       await putDatabaseSecret(c, NS);
       await w.start("op-0", undefined, { allowPrivateRpc: false });
-      const cases: { name: string; rpc: FacilitatorNetworkSpec["rpc"]; label: string }[] = [
-        { name: "loopback", rpc: [{ url: `http://127.0.0.1:${port}/${RPC_KEY}` }], label: `127.0.0.1:${port}` },
-        { name: "mapped", rpc: [{ url: `http://[::ffff:127.0.0.1]:${port}/` }], label: `[::ffff:7f00:1]:${port}` },
-        { name: "in-cluster", rpc: [{ url: "http://kubernetes.default.svc/" }], label: "kubernetes.default.svc" },
-        { name: "metadata", rpc: [{ secretKeyRef: { name: "base-rpc", key: "url" } }], label: "169.254.169.254" },
+      // one chain each: resources naming the same network would wait behind the first (NetworkConflict)
+      const cases: { name: string; network: string; rpc: FacilitatorNetworkSpec["rpc"]; label: string }[] = [
+        { name: "loopback", network: "eip155:8453", rpc: [{ url: `http://127.0.0.1:${port}/${RPC_KEY}` }], label: `127.0.0.1:${port}` },
+        { name: "mapped", network: "eip155:84532", rpc: [{ url: `http://[::ffff:127.0.0.1]:${port}/` }], label: `[::ffff:7f00:1]:${port}` },
+        { name: "in-cluster", network: "eip155:137", rpc: [{ url: "http://kubernetes.default.svc/" }], label: "kubernetes.default.svc" },
+        { name: "metadata", network: "eip155:42161", rpc: [{ secretKeyRef: { name: "base-rpc", key: "url" } }], label: "Secret base-rpc/url" },
       ];
-      for (const k of cases) await c.createNetwork(NS, k.name, baseSpec({ rpc: k.rpc, network: "eip155:8453" }));
+      for (const k of cases) await c.createNetwork(NS, k.name, baseSpec({ rpc: k.rpc, network: k.network }));
       for (const k of cases) {
         const fn = await waitFor(c, NS, k.name, (x) => condition(x, "Degraded")?.reason === "RpcEndpointNotAllowed", `${k.name}: RpcEndpointNotAllowed`);
         expect(condition(fn, "Ready")).toMatchObject({ status: "False", reason: "RpcEndpointNotAllowed" });
