@@ -19,7 +19,13 @@ commands:
                  X402_FEE_CAP_BASE_FEE_MULTIPLIER, X402_MAX_FEE_BUMPS, OTEL_EXPORTER_OTLP_ENDPOINT; README lists all)
   router        the public /v2 edge
                 --routing-table FILE --port 4020 --admin-port 9420 --host 127.0.0.1
-                (env: X402_ROUTING_TABLE, PORT, ADMIN_PORT, HOST, OTEL_EXPORTER_OTLP_ENDPOINT)
+                (env: X402_ROUTING_TABLE, PORT, ADMIN_PORT, HOST, OTEL_EXPORTER_OTLP_ENDPOINT,
+                 X402_ROUTER_API_KEYS=required with DATABASE_URL: /verify and /settle need an API key)
+  api-key-create   a key for a resource server (printed once; stored hashed). DATABASE_URL is the routers'.
+                --name NAME [--networks eip155:8453,eip155:56] [--schemes exact,upto]
+  api-key-list     the keys: id, name, scope, created/rotated/revoked (never a secret)
+  api-key-rotate   a new secret for --id ID (the old key stops working; printed once)
+  api-key-revoke   revoke --id ID
   hub           the wallet-scoped key-value store (writes signed by the owner's wallet; docs/hub.md)
                 --port 4030 --admin-port 9430 --host 127.0.0.1 --data-dir .data/hub [--rpc-url URL] [--chain-id 8453]
                 (env: DATABASE_URL (PostgreSQL instead of the embedded engine), HUB_DATA_DIR, HUB_RPC_URL,
@@ -104,6 +110,7 @@ export async function main(argv: string[]): Promise<void> {
       bucket: { type: "string" },
       kind: { type: "string" },
       owner: { type: "string" },
+      name: { type: "string" },
     },
   });
   const port = values.port ?? process.env.PORT;
@@ -173,7 +180,10 @@ export async function main(argv: string[]): Promise<void> {
       const routingTablePath = values["routing-table"] ?? process.env.X402_ROUTING_TABLE;
       if (!routingTablePath) throw new Error("router: --routing-table (or X402_ROUTING_TABLE) is required");
       const adminPort = values["admin-port"] ?? process.env.ADMIN_PORT;
+      const requireKeys = process.env.X402_ROUTER_API_KEYS === "required";
+      if (requireKeys && !process.env.DATABASE_URL) throw new Error("router: X402_ROUTER_API_KEYS=required needs DATABASE_URL (the PostgreSQL database the replicas share)");
       const running = await startRouterService({
+        apiKeysDatabaseUrl: requireKeys ? process.env.DATABASE_URL : undefined,
         routingTablePath,
         host: values.host ?? process.env.HOST ?? "127.0.0.1",
         port: Number(port ?? 4020),
@@ -270,6 +280,14 @@ export async function main(argv: string[]): Promise<void> {
       return;
     }
     case undefined:
+    case "api-key-create":
+    case "api-key-list":
+    case "api-key-rotate":
+    case "api-key-revoke": {
+      const { runApiKeyCommand } = await import("./tenants/api-key-command.ts");
+      process.stdout.write(await runApiKeyCommand(command!, { name: values.name, networks: values.networks, schemes: values.schemes, id: values.id }, process.env));
+      return;
+    }
     case "help":
     case "--help":
       process.stdout.write(USAGE);

@@ -605,6 +605,20 @@ describe("NetworkPolicy", () => {
   });
 });
 
+describe("the router's API keys", () => {
+  it("are off by default; required, the router reads the shared database URL from a Secret and may reach PostgreSQL", () => {
+    const routerEnv = (docs: ReturnType<typeof render>) => podSpec(one(docs, "Deployment", "fleet-x402-fleet-router")).containers[0]!.env as { name: string; value?: string; valueFrom?: object }[];
+    expect(routerEnv(docsOf("defaults")).map((e) => e.name)).not.toContain("X402_ROUTER_API_KEYS");
+    expect(renderError({ values: { router: { apiKeys: { required: true } } } })).toContain("router.apiKeys.required needs router.apiKeys.database.existingSecret");
+    const docs = render({ values: { router: { apiKeys: { required: true, database: { existingSecret: "fleet-db" } } }, networkPolicy: { enabled: true, router: { restrictEgress: true } } } });
+    const env = Object.fromEntries(routerEnv(docs).map((e) => [e.name, e.value ?? e.valueFrom]));
+    expect(env.X402_ROUTER_API_KEYS).toBe("required");
+    expect(env.DATABASE_URL).toEqual({ secretKeyRef: { name: "fleet-db", key: "url" } });
+    const egress = (one(docs, "NetworkPolicy", "fleet-x402-fleet-router").spec as { egress: { ports: { port: number }[] }[] }).egress;
+    expect(egress.flatMap((r) => r.ports.map((p) => p.port))).toContain(5432);
+  });
+});
+
 describe("the wallet service", () => {
   it("is off by default and refuses to render without its master keys", () => {
     expect(find(docsOf("defaults"), "Deployment").map((d) => d.metadata.name)).not.toContain("fleet-x402-fleet-wallets");

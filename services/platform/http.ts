@@ -10,6 +10,8 @@ import { withServerSpan } from "./tracing.ts";
 /** What of a request's headers a handler may use: the caller's credentials (forwarded by the router). */
 export interface CallerHeaders {
   authorization?: string;
+  /** X-API-Key: the router's API key, when the caller sends it apart from Authorization. */
+  apiKey?: string;
 }
 
 export interface ContractHandlers {
@@ -152,7 +154,7 @@ export function createContractApp(opts: ContractAppOptions): FastifyInstance {
 
   for (const action of ["verify", "settle"] as const) {
     app.post(`/v2/${action}`, { schema: { response: { 200: RESPONSE_SCHEMAS[action] } } }, async (request, r) =>
-      reply(r, await traced(`POST /v2/${action}`, request.headers, () => opts.handlers[action](request.body, { authorization: request.headers.authorization }))),
+      reply(r, await traced(`POST /v2/${action}`, request.headers, () => opts.handlers[action](request.body, { authorization: request.headers.authorization, apiKey: headerValue(request.headers["x-api-key"]) }))),
     );
     app.route({ method: ["GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"], url: `/v2/${action}`, handler: methodNotAllowed("POST") });
   }
@@ -161,4 +163,8 @@ export function createContractApp(opts: ContractAppOptions): FastifyInstance {
   );
   app.route({ method: ["POST", "PUT", "PATCH", "DELETE", "OPTIONS"], url: "/v2/supported", handler: methodNotAllowed("GET") });
   return app;
+}
+
+function headerValue(v: string | string[] | undefined): string | undefined {
+  return Array.isArray(v) ? v[0] : v;
 }

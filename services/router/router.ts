@@ -8,11 +8,14 @@ import type { CallerHeaders, ContractHandlers, HandlerResult } from "../platform
 import type { Logger } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
 import { traceHeaders } from "../platform/tracing.ts";
+import { API_KEY_PREFIX, outOfScope, type ApiKeyStore } from "../tenants/api-keys.ts";
 import type { Backend, RoutingTable } from "./routing-table.ts";
 
 export interface RouterOptions {
   logger: Logger;
   metrics: Metrics;
+  /** When set, /verify and /settle need a valid API key in scope (services/tenants/api-keys.ts). */
+  apiKeys?: ApiKeyStore;
   verifyTimeoutMs?: number;
   settleTimeoutMs?: number;
 }
@@ -62,6 +65,11 @@ export function createRouter(opts: RouterOptions): Router {
     // Only what routing needs is checked here; the chain's facilitator validates and normalises the
     // rest (it is callable on its own, so it must), and its 400s come back unchanged.
     const { scheme, network } = routeOf(body);
+    // Our API key may arrive as Authorization: Bearer x402k_…; it is ours, never forwarded.
+    const bearer = /^Bearer\s+(\S+)$/i.exec(caller.authorization ?? "")?.[1];
+    const ownKey = bearer?.startsWith(API_KEY_PREFIX) ? bearer : undefined;
+    if (opts.apiKeys) await authorize(opts.apiKeys, caller.apiKey ?? ownKey, scheme, network);
+    const forwardedAuthorization = ownKey ? undefined : caller.authorization;
     const route = routes.get(pairKey(scheme, network));
     if (!route) {
       const registered = [...routes.keys()];
@@ -77,7 +85,7 @@ export function createRouter(opts: RouterOptions): Router {
         method: "POST",
         path: `${route.basePath}/${action}`,
         // The caller's credentials go to the facilitator as sent (receiver authentication for batch-settlement).
-        headers: { "content-type": "application/json", ...traceHeaders(), ...(caller.authorization ? { authorization: caller.authorization } : {}) },
+        headers: { "content-type": "application/json", ...traceHeaders(), ...(forwardedAuthorization ? { authorization: forwardedAuthorization } : {}) },
         body: JSON.stringify(body),
         headersTimeout: timeout,
         bodyTimeout: timeout,
@@ -98,6 +106,21 @@ export function createRouter(opts: RouterOptions): Router {
       // The answer broke off (the facilitator died or stalled mid-body): the same as no answer, never a 500.
       throw unreachable(e, network, timeout);
     }
+  }
+
+  async function authorize(keys: ApiKeyStore, presented: string | undefined, scheme: string, network: string) {
+    if (!presented) throw new RequestError("api_key_required", "this facilitator needs an API key: Authorization: Bearer <key> or X-API-Key: <key>");
+    let auth;
+    try {
+      auth = await keys.authenticate(presented);
+    } catch (e) {
+      // The key store (shared database) is down: refuse, never let an unchecked caller through.
+      opts.logger.warn({ err: { name: (e as Error).name } }, "API key lookup failed");
+      throw new RequestError("backend_unavailable", "API keys cannot be checked right now; try again");
+    }
+    if (!auth.ok) throw new RequestError(auth.code, auth.detail);
+    const denied = outOfScope(auth.key, scheme, network);
+    if (denied) throw new RequestError("api_key_out_of_scope", denied);
   }
 
   function unreachable(e: unknown, network: string, timeout: number): RequestError {

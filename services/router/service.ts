@@ -3,6 +3,8 @@ import { startAdminServer } from "../platform/admin.ts";
 import { createContractApp } from "../platform/http.ts";
 import { createLogger, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
+import { openDatabase } from "../platform/storage.ts";
+import { API_KEY_MIGRATIONS, createApiKeyStore } from "../tenants/api-keys.ts";
 import { createRouter } from "./router.ts";
 import { watchRoutingTable } from "./routing-table.ts";
 
@@ -14,6 +16,11 @@ export interface RouterConfig {
   bodyLimit?: number;
   /** How often backends are probed for x402_router_backend_up. */
   probeIntervalMs?: number;
+  /**
+   * Require API keys on /verify and /settle, kept in this PostgreSQL database (shared by the
+   * replicas; `x402-fleet api-key-*` manages them). Unset: the endpoints are open, as the contract says.
+   */
+  apiKeysDatabaseUrl?: string;
 }
 
 export interface RunningRouter {
@@ -24,7 +31,8 @@ export interface RunningRouter {
 
 export async function startRouterService(config: RouterConfig, logger: Logger = createLogger("router")): Promise<RunningRouter> {
   const metrics = createMetrics("router");
-  const router = createRouter({ logger, metrics });
+  const keysDb = config.apiKeysDatabaseUrl ? await openDatabase({ url: config.apiKeysDatabaseUrl, migrations: API_KEY_MIGRATIONS }) : undefined;
+  const router = createRouter({ logger, metrics, apiKeys: keysDb ? createApiKeyStore(keysDb) : undefined });
   const source = await watchRoutingTable(config.routingTablePath, logger, (t) => {
     router.setTable(t);
     void router.probeBackends();
@@ -41,7 +49,7 @@ export async function startRouterService(config: RouterConfig, logger: Logger = 
     checks: [{ name: "routing_table_loaded", check: async () => source.current() !== undefined }],
   });
   const address = await app.listen({ host: config.host, port: config.port });
-  logger.info({ url: `${address}/v2`, admin: admin.url, table: config.routingTablePath }, "router listening");
+  logger.info({ url: `${address}/v2`, admin: admin.url, table: config.routingTablePath, apiKeys: keysDb ? "required" : "off" }, "router listening");
   return {
     url: `${address}/v2`,
     adminUrl: admin.url,
@@ -51,6 +59,7 @@ export async function startRouterService(config: RouterConfig, logger: Logger = 
       await app.close();
       await admin.close();
       await router.close();
+      await keysDb?.close();
     },
   };
 }

@@ -19,6 +19,10 @@ export type RequestErrorCode =
   | "rate_limited"
   | "unauthorized"
   | "forbidden"
+  | "api_key_required"
+  | "api_key_invalid"
+  | "api_key_revoked"
+  | "api_key_out_of_scope"
   | "internal_error";
 
 const STATUS: Record<RequestErrorCode, number> = {
@@ -38,11 +42,15 @@ const STATUS: Record<RequestErrorCode, number> = {
   rate_limited: 429,
   unauthorized: 401,
   forbidden: 403,
+  api_key_required: 401,
+  api_key_invalid: 401,
+  api_key_revoked: 403,
+  api_key_out_of_scope: 403,
   internal_error: 500,
 };
 
 export class RequestError extends CodedError<RequestErrorCode> {
   constructor(code: RequestErrorCode, detail: string) {
-    super(code, detail, STATUS[code], code === "unauthorized" ? { "www-authenticate": "Bearer" } : {});
+    super(code, detail, STATUS[code], STATUS[code] === 401 ? { "www-authenticate": "Bearer" } : {});
   }
 }

@@ -1,0 +1,59 @@
+// `x402-fleet api-key-*`: manage the routers' API keys in their shared database (DATABASE_URL).
+// A new or rotated key is printed once; only its hash is stored.
+import { openDatabase } from "../platform/storage.ts";
+import { CAIP2_PATTERN } from "../x402/networks.ts";
+import { API_KEY_MIGRATIONS, createApiKeyStore, type ApiKeyInfo } from "./api-keys.ts";
+
+const SCHEMES = ["exact", "upto", "batch-settlement"];
+
+export interface ApiKeyFlags {
+  name?: string;
+  networks?: string;
+  schemes?: string;
+  id?: string;
+}
+
+function list(value: string | undefined, what: string, valid: (s: string) => boolean): string[] {
+  const items = (value ?? "").split(",").map((s) => s.trim()).filter(Boolean);
+  const bad = items.find((s) => !valid(s));
+  if (bad !== undefined) throw new Error(`api-key: ${JSON.stringify(bad)} is not a valid ${what}`);
+  return items;
+}
+
+const describe = (k: ApiKeyInfo) =>
+  `${k.id}  ${k.name}  networks=${k.networks.join(",") || "*"}  schemes=${k.schemes.join(",") || "*"}  created=${k.createdAt}${k.rotatedAt ? `  rotated=${k.rotatedAt}` : ""}${k.revokedAt ? `  REVOKED=${k.revokedAt}` : ""}`;
+
+export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env: NodeJS.ProcessEnv): Promise<string> {
+  if (!env.DATABASE_URL) throw new Error(`${command}: DATABASE_URL (the routers' PostgreSQL database) is required`);
+  const needId = () => {
+    if (!flags.id || !/^[0-9a-f]{16}$/.test(flags.id)) throw new Error(`${command}: --id <16 hex characters> is required (api-key-list shows the ids)`);
+    return flags.id;
+  };
+  const db = await openDatabase({ url: env.DATABASE_URL, migrations: API_KEY_MIGRATIONS });
+  try {
+    const store = createApiKeyStore(db, { cacheMs: 0 });
+    switch (command) {
+      case "api-key-create": {
+        if (!flags.name?.trim()) throw new Error("api-key-create: --name is required (who the key is for)");
+        const networks = list(flags.networks, "network (eip155:<chain id>)", (s) => CAIP2_PATTERN.test(s));
+        const schemes = list(flags.schemes, `scheme (${SCHEMES.join(", ")})`, (s) => SCHEMES.includes(s));
+        const { key, info } = await store.create(flags.name.trim(), { networks, schemes });
+        return `${describe(info)}\nkey (shown once, store it now): ${key}\n`;
+      }
+      case "api-key-list":
+        return (await store.list()).map((k) => `${describe(k)}\n`).join("") || "no API keys\n";
+      case "api-key-rotate": {
+        const rotated = await store.rotate(needId());
+        if (!rotated) throw new Error(`api-key-rotate: no active key ${flags.id}`);
+        return `${describe(rotated.info)}\nnew key (shown once; the old one no longer works): ${rotated.key}\n`;
+      }
+      default: {
+        const revoked = await store.revoke(needId());
+        if (!revoked) throw new Error(`api-key-revoke: no key ${flags.id}`);
+        return `${describe(revoked)}\n`;
+      }
+    }
+  } finally {
+    await db.close();
+  }
+}

@@ -1,0 +1,127 @@
+// API keys of the resource servers that call the router (opt-in: X402_ROUTER_API_KEYS=required).
+// A key is `x402k_<id>_<secret>`: the id finds the row, the secret is checked against its SHA-256
+// (the secret is 256 random bits, so a fast hash is enough and no plaintext is ever stored). Keys
+// are scoped to networks and schemes (empty: all), rotated (a new secret, the old one dead at
+// once) and revoked. Rows live in the shared database so every router replica sees the same keys;
+// each replica caches a lookup for a few seconds, so a revocation reaches all of them within that.
+import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
+import type { Database, Migration } from "../platform/storage.ts";
+
+export const API_KEY_MIGRATIONS: Migration[] = [
+  {
+    id: "tenants/001_api_keys",
+    sql: `CREATE TABLE IF NOT EXISTS tenant_api_keys (
+      id text PRIMARY KEY,
+      name text NOT NULL,
+      secret_sha256 text NOT NULL,
+      networks text[] NOT NULL DEFAULT '{}',
+      schemes text[] NOT NULL DEFAULT '{}',
+      created_at timestamptz NOT NULL DEFAULT now(),
+      rotated_at timestamptz,
+      revoked_at timestamptz
+    )`,
+  },
+];
+
+export const API_KEY_PREFIX = "x402k_";
+const KEY_FORMAT = /^x402k_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$/;
+
+/** What a key is allowed to do; empty lists allow everything. */
+export interface KeyScope {
+  networks: string[];
+  schemes: string[];
+}
+
+/** A key as listed: never its secret. */
+export interface ApiKeyInfo extends KeyScope {
+  id: string;
+  name: string;
+  createdAt: string;
+  rotatedAt: string | null;
+  revokedAt: string | null;
+}
+
+export type Authentication =
+  | { ok: true; key: ApiKeyInfo }
+  | { ok: false; code: "api_key_invalid" | "api_key_revoked"; detail: string };
+
+export interface ApiKeyStore {
+  create(name: string, scope?: Partial<KeyScope>): Promise<{ key: string; info: ApiKeyInfo }>;
+  list(): Promise<ApiKeyInfo[]>;
+  /** A new secret for the same id and scope; the old key stops working. */
+  rotate(id: string): Promise<{ key: string; info: ApiKeyInfo } | undefined>;
+  revoke(id: string): Promise<ApiKeyInfo | undefined>;
+  authenticate(presented: string): Promise<Authentication>;
+}
+
+type Row = { id: string; name: string; secret_sha256: string; networks: string[]; schemes: string[]; created_at: Date | string; rotated_at: Date | string | null; revoked_at: Date | string | null };
+
+const iso = (v: Date | string | null) => (v === null ? null : new Date(v).toISOString());
+const info = (r: Row): ApiKeyInfo => ({ id: r.id, name: r.name, networks: r.networks, schemes: r.schemes, createdAt: iso(r.created_at)!, rotatedAt: iso(r.rotated_at), revokedAt: iso(r.revoked_at) });
+const sha256 = (secret: string) => createHash("sha256").update(secret).digest("hex");
+const newSecret = () => randomBytes(32).toString("base64url");
+
+/** `x402k_0123…` with the secret cut: safe in logs and answers. */
+export function keyLabel(id: string): string {
+  return `${API_KEY_PREFIX}${id}_…`;
+}
+
+export function createApiKeyStore(db: Database, opts: { cacheMs?: number; clock?: () => number } = {}): ApiKeyStore {
+  const cacheMs = opts.cacheMs ?? 5000;
+  const clock = opts.clock ?? Date.now;
+  const cache = new Map<string, { at: number; row: Row | undefined }>();
+
+  async function row(id: string): Promise<Row | undefined> {
+    const hit = cache.get(id);
+    if (hit && clock() - hit.at < cacheMs) return hit.row;
+    const [r] = await db.query<Row>("SELECT * FROM tenant_api_keys WHERE id = $1", [id]);
+    if (cache.size > 10_000) cache.clear(); // unknown ids from hostile callers must not grow it without bound
+    cache.set(id, { at: clock(), row: r });
+    return r;
+  }
+
+  return {
+    async create(name, scope = {}) {
+      const id = randomBytes(8).toString("hex");
+      const secret = newSecret();
+      const [r] = await db.query<Row>("INSERT INTO tenant_api_keys (id, name, secret_sha256, networks, schemes) VALUES ($1, $2, $3, $4, $5) RETURNING *", [
+        id,
+        name,
+        sha256(secret),
+        scope.networks ?? [],
+        scope.schemes ?? [],
+      ]);
+      return { key: `${API_KEY_PREFIX}${id}_${secret}`, info: info(r!) };
+    },
+    async list() {
+      return (await db.query<Row>("SELECT * FROM tenant_api_keys ORDER BY created_at, id")).map(info);
+    },
+    async rotate(id) {
+      const secret = newSecret();
+      const [r] = await db.query<Row>("UPDATE tenant_api_keys SET secret_sha256 = $2, rotated_at = now() WHERE id = $1 AND revoked_at IS NULL RETURNING *", [id, sha256(secret)]);
+      cache.delete(id);
+      return r ? { key: `${API_KEY_PREFIX}${id}_${secret}`, info: info(r) } : undefined;
+    },
+    async revoke(id) {
+      const [r] = await db.query<Row>("UPDATE tenant_api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 RETURNING *", [id]);
+      cache.delete(id);
+      return r ? info(r) : undefined;
+    },
+    async authenticate(presented) {
+      const m = KEY_FORMAT.exec(presented);
+      if (!m) return { ok: false, code: "api_key_invalid", detail: `not an x402-fleet API key (${API_KEY_PREFIX}<id>_<secret>)` };
+      const r = await row(m[1]!);
+      const presentedHash = Buffer.from(sha256(m[2]!), "hex");
+      if (!r || !timingSafeEqual(presentedHash, Buffer.from(r.secret_sha256, "hex"))) return { ok: false, code: "api_key_invalid", detail: `${keyLabel(m[1]!)} is not a valid key` };
+      if (r.revoked_at !== null) return { ok: false, code: "api_key_revoked", detail: `${keyLabel(r.id)} was revoked at ${iso(r.revoked_at)}` };
+      return { ok: true, key: info(r) };
+    },
+  };
+}
+
+/** Whether a key may act on (scheme, network), and if not, why. */
+export function outOfScope(key: ApiKeyInfo, scheme: string, network: string): string | undefined {
+  if (key.networks.length && !key.networks.includes(network)) return `${keyLabel(key.id)} is not allowed on ${network} (allowed: ${key.networks.join(", ")})`;
+  if (key.schemes.length && !key.schemes.includes(scheme)) return `${keyLabel(key.id)} is not allowed for scheme ${scheme} (allowed: ${key.schemes.join(", ")})`;
+  return undefined;
+}

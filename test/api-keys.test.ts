@@ -1,0 +1,152 @@
+// API keys at the router (opt-in), judged on chain: a reference @x402/express resource server
+// whose HTTPFacilitatorClient sends a key through createAuthHeaders pays through a key-requiring
+// router; without a key, with a revoked key and with a key for another network it is refused and
+// nothing is sent (the facilitator signer's nonce and the receiver's balance do not move). Keys
+// live hashed in the shared PostgreSQL; the CLI creates, lists, rotates and revokes them.
+import { spawnSync } from "node:child_process";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import type { Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import express from "express";
+import { pino } from "pino";
+import { paymentMiddleware, x402ResourceServer } from "@x402/express";
+import { HTTPFacilitatorClient } from "@x402/core/server";
+import { ExactEvmScheme as ExactEvmServer } from "@x402/evm/exact/server";
+import { ExactEvmScheme as ExactEvmClient } from "@x402/evm/exact/client";
+import { wrapFetchWithPayment, x402Client } from "@x402/fetch";
+import { createPublicClient, http } from "viem";
+import { privateKeyToAccount } from "viem/accounts";
+import { startRouterService, type RunningRouter } from "../services/router/service.ts";
+import { openDatabase, type Database } from "../services/platform/storage.ts";
+import { API_KEY_MIGRATIONS, createApiKeyStore, type ApiKeyStore } from "../services/tenants/api-keys.ts";
+import type { RunningDevnet } from "../services/devnet/devnet.ts";
+import { startTestDevnet } from "./helpers/devnet.ts";
+import { balanceOf } from "./helpers/chain.ts";
+import { PG_URL } from "./helpers/hub.ts";
+
+const BIN = fileURLToPath(new URL("../bin/x402-fleet.js", import.meta.url));
+let devnet: RunningDevnet & { dir: string };
+let router: RunningRouter;
+let db: Database;
+let keys: ApiKeyStore;
+const servers: Server[] = [];
+const createdIds: string[] = [];
+
+beforeAll(async () => {
+  devnet = await startTestDevnet(["eip155:8453"], { hub: false, wallets: false });
+  db = await openDatabase({ url: PG_URL, migrations: API_KEY_MIGRATIONS });
+  keys = createApiKeyStore(db, { cacheMs: 0 });
+  // a second router on the devnet's routing table, with keys required
+  router = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, apiKeysDatabaseUrl: PG_URL }, pino({ level: "silent" }));
+});
+
+afterAll(async () => {
+  for (const s of servers) await new Promise((r) => s.close(r));
+  await router?.close();
+  if (createdIds.length) await db.query("DELETE FROM tenant_api_keys WHERE id = ANY($1::text[])", [createdIds]);
+  await db?.close();
+  await devnet?.stop();
+});
+
+async function newKey(name: string, scope: { networks?: string[]; schemes?: string[] } = {}) {
+  const k = await keys.create(name, scope);
+  createdIds.push(k.info.id);
+  return k;
+}
+
+/** A reference resource server whose facilitator client sends `key` (if any) on verify and settle. */
+async function resourceServer(key: string | undefined): Promise<string> {
+  const payTo = devnet.info.receivers[0]!.address;
+  const auth: Record<string, string> = key ? { Authorization: `Bearer ${key}` } : {};
+  const client = new HTTPFacilitatorClient({ url: router.url, createAuthHeaders: async () => ({ verify: auth, settle: auth, supported: {} }) });
+  const app = express();
+  app.use(paymentMiddleware({ "GET /weather": { accepts: { scheme: "exact", price: "$0.01", network: "eip155:8453", payTo }, description: "weather" } }, new x402ResourceServer(client).register("eip155:8453", new ExactEvmServer())));
+  app.get("/weather", (_req, res) => void res.json({ report: "sunny" }));
+  const server = await new Promise<Server>((resolve) => {
+    const s = app.listen(0, "127.0.0.1", () => resolve(s));
+  });
+  servers.push(server);
+  return `http://127.0.0.1:${(server.address() as AddressInfo).port}/weather`;
+}
+
+const payingFetch = () => wrapFetchWithPayment(fetch, x402Client.fromConfig({ schemes: [{ network: "eip155:*", client: new ExactEvmClient(privateKeyToAccount(devnet.info.payers[1]!.privateKey)) }] }));
+
+/** What the chain says: the receiver's USDC and how many transactions the facilitator's signers sent. */
+async function chainState() {
+  const net = devnet.info.networks[0]!;
+  const usdc = net.assets.find((a) => a.transferMethods.includes("eip3009"))!;
+  const client = createPublicClient({ transport: http(net.rpcUrl) });
+  const nonces = await Promise.all(net.signers.map((s) => client.getTransactionCount({ address: s as `0x${string}` })));
+  return { received: await balanceOf(net.rpcUrl, usdc.address, devnet.info.receivers[0]!.address), sent: nonces.reduce((a, b) => a + b, 0) };
+}
+
+describe("API keys at the router", () => {
+  it("a valid key: the reference resource server is paid through the router, on chain", async () => {
+    const { key } = await newKey("weather-co", { networks: ["eip155:8453"], schemes: ["exact"] });
+    const before = await chainState();
+    const res = await payingFetch()(await resourceServer(key));
+    expect(res.status).toBe(200);
+    expect(await res.json()).toEqual({ report: "sunny" });
+    const after = await chainState();
+    expect(after.received).toBe(before.received + 10_000n); // $0.01 of 6-decimal USDC
+    expect(after.sent).toBe(before.sent + 1);
+  });
+
+  it("no key, a revoked key, a key for another network: refused with a clear code, nothing sent", async () => {
+    const revoked = await newKey("revoked-co");
+    await keys.revoke(revoked.info.id);
+    const elsewhere = await newKey("bsc-only", { networks: ["eip155:56"] });
+    const before = await chainState();
+    for (const key of [undefined, revoked.key, elsewhere.key, `${revoked.key.slice(0, -4)}AAAA`]) {
+      const res = await payingFetch()(await resourceServer(key));
+      expect(res.status, String(key)).not.toBe(200);
+    }
+    expect(await chainState()).toEqual(before);
+
+    // the router's answers, as the contract's error body
+    const body = { x402Version: 2, paymentPayload: { x402Version: 2, accepted: { scheme: "exact", network: "eip155:8453" }, payload: {} }, paymentRequirements: { scheme: "exact", network: "eip155:8453" } };
+    const post = async (headers: Record<string, string>) => {
+      const r = await fetch(`${router.url}/settle`, { method: "POST", headers: { "content-type": "application/json", ...headers }, body: JSON.stringify(body) });
+      return { status: r.status, error: ((await r.json()) as { error: string }).error, challenge: r.headers.get("www-authenticate") };
+    };
+    expect(await post({})).toMatchObject({ status: 401, error: expect.stringMatching(/^api_key_required: /), challenge: "Bearer" });
+    expect(await post({ authorization: `Bearer ${revoked.key}` })).toMatchObject({ status: 403, error: expect.stringMatching(/^api_key_revoked: x402k_[0-9a-f]{16}_… was revoked/) });
+    expect(await post({ "x-api-key": elsewhere.key })).toMatchObject({ status: 403, error: expect.stringContaining("api_key_out_of_scope: ") });
+    const forged = await post({ authorization: `Bearer ${revoked.key.slice(0, -4)}AAAA` });
+    expect(forged).toMatchObject({ status: 401, error: expect.stringMatching(/^api_key_invalid: /) });
+    expect(JSON.stringify(forged)).not.toContain(revoked.key.split("_")[2]); // never echoes a secret
+    // /supported stays open: resource servers discover kinds before they have a key
+    expect((await fetch(`${router.url}/supported`)).status).toBe(200);
+  });
+
+  it("stores only a hash; rotation kills the old key at once", async () => {
+    const { key, info } = await newKey("rotating-co");
+    const secret = key.split("_")[2]!;
+    const [row] = await db.query<Record<string, unknown>>("SELECT * FROM tenant_api_keys WHERE id = $1", [info.id]);
+    expect(JSON.stringify(row)).not.toContain(secret);
+    expect((await keys.authenticate(key)).ok).toBe(true);
+    const rotated = (await keys.rotate(info.id))!;
+    expect(await keys.authenticate(key)).toMatchObject({ ok: false, code: "api_key_invalid" });
+    expect((await keys.authenticate(rotated.key)).ok).toBe(true);
+  });
+
+  it("the CLI creates, lists, rotates and revokes keys (DATABASE_URL), and refuses bad input by name", () => {
+    const cli = (...args: string[]) => spawnSync(process.execPath, [BIN, ...args], { encoding: "utf8", env: { ...process.env, DATABASE_URL: PG_URL } });
+    const created = cli("api-key-create", "--name", "cli-co", "--networks", "eip155:8453", "--schemes", "exact,upto");
+    expect(created.status, created.stderr).toBe(0);
+    const id = /^([0-9a-f]{16}) {2}cli-co {2}networks=eip155:8453 {2}schemes=exact,upto/.exec(created.stdout)![1]!;
+    createdIds.push(id);
+    const key = /key \(shown once, store it now\): (x402k_\S+)/.exec(created.stdout)![1]!;
+    expect(cli("api-key-list").stdout).toContain(`${id}  cli-co`);
+    expect(cli("api-key-list").stdout).not.toContain(key.split("_")[2]);
+    const rotated = cli("api-key-rotate", "--id", id);
+    expect(rotated.stdout).toMatch(/new key \(shown once; the old one no longer works\): x402k_/);
+    expect(cli("api-key-revoke", "--id", id).stdout).toMatch(/REVOKED=/);
+    const bad = cli("api-key-create", "--name", "x", "--networks", "base");
+    expect(bad.status).not.toBe(0);
+    expect(bad.stderr).toContain('"base" is not a valid network');
+    expect(cli("api-key-rotate").stderr).toContain("--id <16 hex characters> is required");
+  });
+});
