@@ -23,6 +23,8 @@ commands:
                  X402_ROUTER_API_KEYS=required with DATABASE_URL: /verify and /settle need an API key)
   api-key-create   a key for a resource server (printed once; stored hashed). DATABASE_URL is the routers'.
                 --name NAME [--networks eip155:8453,eip155:56] [--schemes exact,upto]
+                [--requests-per-minute N] [--settlements-per-day N]   (enforced across router replicas)
+  api-key-limits   change --id ID's --requests-per-minute / --settlements-per-day (a number, or none)
   api-key-list     the keys: id, name, scope, created/rotated/revoked (never a secret)
   api-key-rotate   a new secret for --id ID (the old key stops working; printed once)
   api-key-revoke   revoke --id ID
@@ -111,6 +113,8 @@ export async function main(argv: string[]): Promise<void> {
       kind: { type: "string" },
       owner: { type: "string" },
       name: { type: "string" },
+      "requests-per-minute": { type: "string" },
+      "settlements-per-day": { type: "string" },
     },
   });
   const port = values.port ?? process.env.PORT;
@@ -283,9 +287,17 @@ export async function main(argv: string[]): Promise<void> {
     case "api-key-create":
     case "api-key-list":
     case "api-key-rotate":
-    case "api-key-revoke": {
+    case "api-key-revoke":
+    case "api-key-limits": {
       const { runApiKeyCommand } = await import("./tenants/api-key-command.ts");
-      process.stdout.write(await runApiKeyCommand(command!, { name: values.name, networks: values.networks, schemes: values.schemes, id: values.id }, process.env));
+      process.stdout.write(await runApiKeyCommand(command!, {
+          name: values.name,
+          networks: values.networks,
+          schemes: values.schemes,
+          id: values.id,
+          requestsPerMinute: values["requests-per-minute"],
+          settlementsPerDay: values["settlements-per-day"],
+        }, process.env));
       return;
     }
     case "help":

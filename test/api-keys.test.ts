@@ -25,7 +25,10 @@ import type { RunningDevnet } from "../services/devnet/devnet.ts";
 import { startTestDevnet } from "./helpers/devnet.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { PG_URL } from "./helpers/hub.ts";
+import { postJson, serviceShape, signEip3009 } from "./helpers/payments.ts";
 
+/** The secret part of x402k_<16 hex id>_<secret> (base64url: it may contain "_" itself). */
+const secretOf = (key: string) => key.slice("x402k_".length + 17);
 const BIN = fileURLToPath(new URL("../bin/x402-fleet.js", import.meta.url));
 let devnet: RunningDevnet & { dir: string };
 let router: RunningRouter;
@@ -45,12 +48,15 @@ beforeAll(async () => {
 afterAll(async () => {
   for (const s of servers) await new Promise((r) => s.close(r));
   await router?.close();
-  if (createdIds.length) await db.query("DELETE FROM tenant_api_keys WHERE id = ANY($1::text[])", [createdIds]);
+  if (createdIds.length) {
+    await db.query("DELETE FROM tenant_api_keys WHERE id = ANY($1::text[])", [createdIds]);
+    await db.query("DELETE FROM tenant_quota_usage WHERE key_id = ANY($1::text[])", [createdIds]);
+  }
   await db?.close();
   await devnet?.stop();
 });
 
-async function newKey(name: string, scope: { networks?: string[]; schemes?: string[] } = {}) {
+async function newKey(name: string, scope: Parameters<ApiKeyStore["create"]>[1] = {}) {
   const k = await keys.create(name, scope);
   createdIds.push(k.info.id);
   return k;
@@ -116,20 +122,57 @@ describe("API keys at the router", () => {
     expect(await post({ "x-api-key": elsewhere.key })).toMatchObject({ status: 403, error: expect.stringContaining("api_key_out_of_scope: ") });
     const forged = await post({ authorization: `Bearer ${revoked.key.slice(0, -4)}AAAA` });
     expect(forged).toMatchObject({ status: 401, error: expect.stringMatching(/^api_key_invalid: /) });
-    expect(JSON.stringify(forged)).not.toContain(revoked.key.split("_")[2]); // never echoes a secret
+    expect(JSON.stringify(forged)).not.toContain(secretOf(revoked.key)); // never echoes a secret
     // /supported stays open: resource servers discover kinds before they have a key
     expect((await fetch(`${router.url}/supported`)).status).toBe(200);
   });
 
   it("stores only a hash; rotation kills the old key at once", async () => {
     const { key, info } = await newKey("rotating-co");
-    const secret = key.split("_")[2]!;
+    const secret = secretOf(key);
     const [row] = await db.query<Record<string, unknown>>("SELECT * FROM tenant_api_keys WHERE id = $1", [info.id]);
     expect(JSON.stringify(row)).not.toContain(secret);
     expect((await keys.authenticate(key)).ok).toBe(true);
     const rotated = (await keys.rotate(info.id))!;
     expect(await keys.authenticate(key)).toMatchObject({ ok: false, code: "api_key_invalid" });
     expect((await keys.authenticate(rotated.key)).ok).toBe(true);
+  });
+
+  it("quotas hold across two router replicas sharing PostgreSQL: settlements per day and requests per minute, refused before anything is sent", async () => {
+    const second = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, apiKeysDatabaseUrl: PG_URL }, pino({ level: "silent" }));
+    try {
+      const { key } = await newKey("one-a-day", { settlementsPerDay: 1 });
+      const net = devnet.info.networks[0]!;
+      const asset = net.assets.find((a) => a.transferMethods.includes("eip3009"))!;
+      const payment = async (amount: bigint) => {
+        const spec = { network: net.network, chainId: net.chainId, asset, payerKey: devnet.info.payers[0]!.privateKey, payTo: devnet.info.receivers[0]!.address, amount };
+        return serviceShape(spec, await signEip3009(spec));
+      };
+      const headers = { authorization: `Bearer ${key}` };
+      const first = await postJson(`${router.url}/settle`, await payment(1111n), { headers });
+      expect(first.json).toMatchObject({ success: true });
+      const before = await chainState();
+      const again = await postJson(`${second.url}/settle`, await payment(2222n), { headers }); // the other replica
+      expect(again.status).toBe(429);
+      expect(again.json.error).toMatch(/^quota_exceeded: x402k_[0-9a-f]{16}_… has used its 1 settlements per day \(UTC\)$/);
+      expect(await chainState()).toEqual(before); // nothing sent
+      expect((await postJson(`${second.url}/verify`, await payment(2222n), { headers })).json.isValid).toBe(true); // verify is not a settlement
+
+      // three requests inside one minute window (the counter is per UTC minute): start early in one
+      if (new Date().getUTCSeconds() > 40) await new Promise((r) => setTimeout(r, (61 - new Date().getUTCSeconds()) * 1000));
+      const { key: chatty, info } = await newKey("chatty", { requestsPerMinute: 2 });
+      const verify = (url: string) => postJson(`${url}/verify`, { x402Version: 2 }, { headers: { "x-api-key": chatty } });
+      expect((await verify(router.url)).status).toBe(400); // counted, then judged (a bad body)
+      expect((await verify(second.url)).status).toBe(400);
+      const third = await verify(router.url);
+      expect(third.status).toBe(429);
+      expect(third.json.error).toContain("has used its 2 requests per minute");
+      await keys.setLimits(info.id, { requestsPerMinute: null });
+      await new Promise((r) => setTimeout(r, 5200)); // the routers' 5 s key cache
+      expect((await verify(second.url)).status).toBe(400);
+    } finally {
+      await second.close();
+    }
   });
 
   it("the CLI creates, lists, rotates and revokes keys (DATABASE_URL), and refuses bad input by name", () => {
@@ -140,9 +183,11 @@ describe("API keys at the router", () => {
     createdIds.push(id);
     const key = /key \(shown once, store it now\): (x402k_\S+)/.exec(created.stdout)![1]!;
     expect(cli("api-key-list").stdout).toContain(`${id}  cli-co`);
-    expect(cli("api-key-list").stdout).not.toContain(key.split("_")[2]);
+    expect(cli("api-key-list").stdout).not.toContain(secretOf(key));
     const rotated = cli("api-key-rotate", "--id", id);
     expect(rotated.stdout).toMatch(/new key \(shown once; the old one no longer works\): x402k_/);
+    expect(cli("api-key-limits", "--id", id, "--settlements-per-day", "500", "--requests-per-minute", "none").stdout).toContain("requests/min=*  settlements/day=500");
+    expect(cli("api-key-limits", "--id", id, "--settlements-per-day", "1.5").stderr).toContain('--settlements-per-day must be a non-negative integer or "none"');
     expect(cli("api-key-revoke", "--id", id).stdout).toMatch(/REVOKED=/);
     const bad = cli("api-key-create", "--name", "x", "--networks", "base");
     expect(bad.status).not.toBe(0);

@@ -8,7 +8,7 @@ import type { CallerHeaders, ContractHandlers, HandlerResult } from "../platform
 import type { Logger } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
 import { traceHeaders } from "../platform/tracing.ts";
-import { API_KEY_PREFIX, outOfScope, type ApiKeyStore } from "../tenants/api-keys.ts";
+import { API_KEY_PREFIX, outOfScope, type ApiKeyInfo, type ApiKeyStore } from "../tenants/api-keys.ts";
 import type { Backend, RoutingTable } from "./routing-table.ts";
 
 export interface RouterOptions {
@@ -64,12 +64,15 @@ export function createRouter(opts: RouterOptions): Router {
   async function forward(action: "verify" | "settle", body: unknown, caller: CallerHeaders): Promise<HandlerResult> {
     // Only what routing needs is checked here; the chain's facilitator validates and normalises the
     // rest (it is callable on its own, so it must), and its 400s come back unchanged.
-    const { scheme, network } = routeOf(body);
     // Our API key may arrive as Authorization: Bearer x402k_…; it is ours, never forwarded.
     const bearer = /^Bearer\s+(\S+)$/i.exec(caller.authorization ?? "")?.[1];
     const ownKey = bearer?.startsWith(API_KEY_PREFIX) ? bearer : undefined;
-    if (opts.apiKeys) await authorize(opts.apiKeys, caller.apiKey ?? ownKey, scheme, network);
     const forwardedAuthorization = ownKey ? undefined : caller.authorization;
+    // With keys: who calls and their request rate before anything else (a bad body counts too)…
+    const key = opts.apiKeys ? await authenticate(opts.apiKeys, caller.apiKey ?? ownKey) : undefined;
+    const { scheme, network } = routeOf(body);
+    // …then what they may do, and a settlement counted before it is forwarded: an exhausted key sends nothing.
+    if (key) await authorize(opts.apiKeys!, key, action, scheme, network);
     const route = routes.get(pairKey(scheme, network));
     if (!route) {
       const registered = [...routes.keys()];
@@ -108,19 +111,31 @@ export function createRouter(opts: RouterOptions): Router {
     }
   }
 
-  async function authorize(keys: ApiKeyStore, presented: string | undefined, scheme: string, network: string) {
+  async function authenticate(keys: ApiKeyStore, presented: string | undefined): Promise<ApiKeyInfo> {
     if (!presented) throw new RequestError("api_key_required", "this facilitator needs an API key: Authorization: Bearer <key> or X-API-Key: <key>");
-    let auth;
+    const auth = await keyStore(() => keys.authenticate(presented));
+    if (!auth.ok) throw new RequestError(auth.code, auth.detail);
+    const exhausted = await keyStore(() => keys.consume(auth.key, "requests"));
+    if (exhausted) throw new RequestError("quota_exceeded", exhausted);
+    return auth.key;
+  }
+
+  async function authorize(keys: ApiKeyStore, key: ApiKeyInfo, action: "verify" | "settle", scheme: string, network: string) {
+    const denied = outOfScope(key, scheme, network);
+    if (denied) throw new RequestError("api_key_out_of_scope", denied);
+    if (action !== "settle") return;
+    const exhausted = await keyStore(() => keys.consume(key, "settlements"));
+    if (exhausted) throw new RequestError("quota_exceeded", exhausted);
+  }
+
+  async function keyStore<T>(fn: () => Promise<T>): Promise<T> {
     try {
-      auth = await keys.authenticate(presented);
+      return await fn();
     } catch (e) {
       // The key store (shared database) is down: refuse, never let an unchecked caller through.
-      opts.logger.warn({ err: { name: (e as Error).name } }, "API key lookup failed");
+      opts.logger.warn({ err: { name: (e as Error).name } }, "API key store unavailable");
       throw new RequestError("backend_unavailable", "API keys cannot be checked right now; try again");
     }
-    if (!auth.ok) throw new RequestError(auth.code, auth.detail);
-    const denied = outOfScope(auth.key, scheme, network);
-    if (denied) throw new RequestError("api_key_out_of_scope", denied);
   }
 
   function unreachable(e: unknown, network: string, timeout: number): RequestError {

@@ -32,7 +32,10 @@ export interface RunningRouter {
 export async function startRouterService(config: RouterConfig, logger: Logger = createLogger("router")): Promise<RunningRouter> {
   const metrics = createMetrics("router");
   const keysDb = config.apiKeysDatabaseUrl ? await openDatabase({ url: config.apiKeysDatabaseUrl, migrations: API_KEY_MIGRATIONS }) : undefined;
-  const router = createRouter({ logger, metrics, apiKeys: keysDb ? createApiKeyStore(keysDb) : undefined });
+  const apiKeys = keysDb ? createApiKeyStore(keysDb) : undefined;
+  const router = createRouter({ logger, metrics, apiKeys });
+  const prune = apiKeys ? setInterval(() => void apiKeys.pruneUsage().catch(() => undefined), 3_600_000) : undefined;
+  prune?.unref();
   const source = await watchRoutingTable(config.routingTablePath, logger, (t) => {
     router.setTable(t);
     void router.probeBackends();
@@ -55,6 +58,7 @@ export async function startRouterService(config: RouterConfig, logger: Logger = 
     adminUrl: admin.url,
     close: async () => {
       clearInterval(probe);
+      if (prune) clearInterval(prune);
       source.close();
       await app.close();
       await admin.close();

@@ -2,7 +2,7 @@
 // A new or rotated key is printed once; only its hash is stored.
 import { openDatabase } from "../platform/storage.ts";
 import { CAIP2_PATTERN } from "../x402/networks.ts";
-import { API_KEY_MIGRATIONS, createApiKeyStore, type ApiKeyInfo } from "./api-keys.ts";
+import { API_KEY_MIGRATIONS, createApiKeyStore, type ApiKeyInfo, type KeyLimits } from "./api-keys.ts";
 
 const SCHEMES = ["exact", "upto", "batch-settlement"];
 
@@ -11,6 +11,25 @@ export interface ApiKeyFlags {
   networks?: string;
   schemes?: string;
   id?: string;
+  requestsPerMinute?: string;
+  settlementsPerDay?: string;
+}
+
+/** A limit flag: a non-negative integer, or "none" (no limit); absent: not given. */
+function limit(flag: string, value: string | undefined): number | null | undefined {
+  if (value === undefined) return undefined;
+  if (value === "none") return null;
+  if (!/^\d{1,9}$/.test(value)) throw new Error(`api-key: ${flag} must be a non-negative integer or "none", got ${JSON.stringify(value)}`);
+  return Number(value);
+}
+
+function limitsOf(flags: ApiKeyFlags): Partial<KeyLimits> {
+  const out: Partial<KeyLimits> = {};
+  const rpm = limit("--requests-per-minute", flags.requestsPerMinute);
+  const spd = limit("--settlements-per-day", flags.settlementsPerDay);
+  if (rpm !== undefined) out.requestsPerMinute = rpm;
+  if (spd !== undefined) out.settlementsPerDay = spd;
+  return out;
 }
 
 function list(value: string | undefined, what: string, valid: (s: string) => boolean): string[] {
@@ -21,7 +40,7 @@ function list(value: string | undefined, what: string, valid: (s: string) => boo
 }
 
 const describe = (k: ApiKeyInfo) =>
-  `${k.id}  ${k.name}  networks=${k.networks.join(",") || "*"}  schemes=${k.schemes.join(",") || "*"}  created=${k.createdAt}${k.rotatedAt ? `  rotated=${k.rotatedAt}` : ""}${k.revokedAt ? `  REVOKED=${k.revokedAt}` : ""}`;
+  `${k.id}  ${k.name}  networks=${k.networks.join(",") || "*"}  schemes=${k.schemes.join(",") || "*"}  requests/min=${k.requestsPerMinute ?? "*"}  settlements/day=${k.settlementsPerDay ?? "*"}  created=${k.createdAt}${k.rotatedAt ? `  rotated=${k.rotatedAt}` : ""}${k.revokedAt ? `  REVOKED=${k.revokedAt}` : ""}`;
 
 export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env: NodeJS.ProcessEnv): Promise<string> {
   if (!env.DATABASE_URL) throw new Error(`${command}: DATABASE_URL (the routers' PostgreSQL database) is required`);
@@ -37,8 +56,15 @@ export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env:
         if (!flags.name?.trim()) throw new Error("api-key-create: --name is required (who the key is for)");
         const networks = list(flags.networks, "network (eip155:<chain id>)", (s) => CAIP2_PATTERN.test(s));
         const schemes = list(flags.schemes, `scheme (${SCHEMES.join(", ")})`, (s) => SCHEMES.includes(s));
-        const { key, info } = await store.create(flags.name.trim(), { networks, schemes });
+        const { key, info } = await store.create(flags.name.trim(), { networks, schemes, ...limitsOf(flags) });
         return `${describe(info)}\nkey (shown once, store it now): ${key}\n`;
+      }
+      case "api-key-limits": {
+        const limits = limitsOf(flags);
+        if (!Object.keys(limits).length) throw new Error("api-key-limits: give --requests-per-minute and/or --settlements-per-day (a number, or none)");
+        const updated = await store.setLimits(needId(), limits);
+        if (!updated) throw new Error(`api-key-limits: no key ${flags.id}`);
+        return `${describe(updated)}\n`;
       }
       case "api-key-list":
         return (await store.list()).map((k) => `${describe(k)}\n`).join("") || "no API keys\n";

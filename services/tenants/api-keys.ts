@@ -21,6 +21,19 @@ export const API_KEY_MIGRATIONS: Migration[] = [
       revoked_at timestamptz
     )`,
   },
+  {
+    // Quotas (null: unlimited) and their counters, per key and window, shared by every replica.
+    id: "tenants/002_quotas",
+    sql: `ALTER TABLE tenant_api_keys ADD COLUMN IF NOT EXISTS requests_per_minute integer;
+      ALTER TABLE tenant_api_keys ADD COLUMN IF NOT EXISTS settlements_per_day integer;
+      CREATE TABLE IF NOT EXISTS tenant_quota_usage (
+        key_id text NOT NULL,
+        counter text NOT NULL,
+        window_start timestamptz NOT NULL,
+        used bigint NOT NULL,
+        PRIMARY KEY (key_id, counter, window_start)
+      )`,
+  },
 ];
 
 export const API_KEY_PREFIX = "x402k_";
@@ -32,8 +45,16 @@ export interface KeyScope {
   schemes: string[];
 }
 
+/** How much a key may do; null: no limit. */
+export interface KeyLimits {
+  /** /verify and /settle calls per minute. */
+  requestsPerMinute: number | null;
+  /** /settle calls per UTC day (each call counts, whatever its outcome). */
+  settlementsPerDay: number | null;
+}
+
 /** A key as listed: never its secret. */
-export interface ApiKeyInfo extends KeyScope {
+export interface ApiKeyInfo extends KeyScope, KeyLimits {
   id: string;
   name: string;
   createdAt: string;
@@ -46,18 +67,47 @@ export type Authentication =
   | { ok: false; code: "api_key_invalid" | "api_key_revoked"; detail: string };
 
 export interface ApiKeyStore {
-  create(name: string, scope?: Partial<KeyScope>): Promise<{ key: string; info: ApiKeyInfo }>;
+  create(name: string, scope?: Partial<KeyScope & KeyLimits>): Promise<{ key: string; info: ApiKeyInfo }>;
+  setLimits(id: string, limits: Partial<KeyLimits>): Promise<ApiKeyInfo | undefined>;
+  /**
+   * Counts one request, or one settlement, against the key's limit, atomically across replicas; a
+   * limit already reached is not counted and comes back as the reason.
+   */
+  consume(key: ApiKeyInfo, counter: "requests" | "settlements"): Promise<string | undefined>;
   list(): Promise<ApiKeyInfo[]>;
   /** A new secret for the same id and scope; the old key stops working. */
   rotate(id: string): Promise<{ key: string; info: ApiKeyInfo } | undefined>;
   revoke(id: string): Promise<ApiKeyInfo | undefined>;
   authenticate(presented: string): Promise<Authentication>;
+  /** Drops quota counters of windows that ended more than two days ago. */
+  pruneUsage(): Promise<void>;
 }
 
-type Row = { id: string; name: string; secret_sha256: string; networks: string[]; schemes: string[]; created_at: Date | string; rotated_at: Date | string | null; revoked_at: Date | string | null };
+type Row = {
+  id: string;
+  name: string;
+  secret_sha256: string;
+  networks: string[];
+  schemes: string[];
+  requests_per_minute: number | null;
+  settlements_per_day: number | null;
+  created_at: Date | string;
+  rotated_at: Date | string | null;
+  revoked_at: Date | string | null;
+};
 
 const iso = (v: Date | string | null) => (v === null ? null : new Date(v).toISOString());
-const info = (r: Row): ApiKeyInfo => ({ id: r.id, name: r.name, networks: r.networks, schemes: r.schemes, createdAt: iso(r.created_at)!, rotatedAt: iso(r.rotated_at), revokedAt: iso(r.revoked_at) });
+const info = (r: Row): ApiKeyInfo => ({
+  id: r.id,
+  name: r.name,
+  networks: r.networks,
+  schemes: r.schemes,
+  requestsPerMinute: r.requests_per_minute,
+  settlementsPerDay: r.settlements_per_day,
+  createdAt: iso(r.created_at)!,
+  rotatedAt: iso(r.rotated_at),
+  revokedAt: iso(r.revoked_at),
+});
 const sha256 = (secret: string) => createHash("sha256").update(secret).digest("hex");
 const newSecret = () => randomBytes(32).toString("base64url");
 
@@ -84,14 +134,39 @@ export function createApiKeyStore(db: Database, opts: { cacheMs?: number; clock?
     async create(name, scope = {}) {
       const id = randomBytes(8).toString("hex");
       const secret = newSecret();
-      const [r] = await db.query<Row>("INSERT INTO tenant_api_keys (id, name, secret_sha256, networks, schemes) VALUES ($1, $2, $3, $4, $5) RETURNING *", [
-        id,
-        name,
-        sha256(secret),
-        scope.networks ?? [],
-        scope.schemes ?? [],
-      ]);
+      const [r] = await db.query<Row>(
+        "INSERT INTO tenant_api_keys (id, name, secret_sha256, networks, schemes, requests_per_minute, settlements_per_day) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING *",
+        [id, name, sha256(secret), scope.networks ?? [], scope.schemes ?? [], scope.requestsPerMinute ?? null, scope.settlementsPerDay ?? null],
+      );
       return { key: `${API_KEY_PREFIX}${id}_${secret}`, info: info(r!) };
+    },
+    async setLimits(id, limits) {
+      const [r] = await db.query<Row>(
+        `UPDATE tenant_api_keys SET
+           requests_per_minute = CASE WHEN $2 THEN $3::integer ELSE requests_per_minute END,
+           settlements_per_day = CASE WHEN $4 THEN $5::integer ELSE settlements_per_day END
+         WHERE id = $1 RETURNING *`,
+        [id, "requestsPerMinute" in limits, limits.requestsPerMinute ?? null, "settlementsPerDay" in limits, limits.settlementsPerDay ?? null],
+      );
+      cache.delete(id);
+      return r ? info(r) : undefined;
+    },
+    async consume(key, counter) {
+      const [limit, window, what] =
+        counter === "requests"
+          ? [key.requestsPerMinute, "minute", `${key.requestsPerMinute} requests per minute`]
+          : [key.settlementsPerDay, "day", `${key.settlementsPerDay} settlements per day (UTC)`];
+      if (limit === null) return undefined;
+      if (limit === 0) return `${keyLabel(key.id)} has used its ${what}`;
+      // One statement: insert the window's counter or add one, but only below the limit. No row
+      // back means the limit was already reached (and nothing was counted).
+      const rows = await db.query(
+        `INSERT INTO tenant_quota_usage (key_id, counter, window_start, used) VALUES ($1, $2, date_trunc($3, now()), 1)
+         ON CONFLICT (key_id, counter, window_start) DO UPDATE SET used = tenant_quota_usage.used + 1 WHERE tenant_quota_usage.used < $4
+         RETURNING used`,
+        [key.id, counter, window, limit],
+      );
+      return rows.length === 0 ? `${keyLabel(key.id)} has used its ${what}` : undefined;
     },
     async list() {
       return (await db.query<Row>("SELECT * FROM tenant_api_keys ORDER BY created_at, id")).map(info);
@@ -106,6 +181,9 @@ export function createApiKeyStore(db: Database, opts: { cacheMs?: number; clock?
       const [r] = await db.query<Row>("UPDATE tenant_api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 RETURNING *", [id]);
       cache.delete(id);
       return r ? info(r) : undefined;
+    },
+    async pruneUsage() {
+      await db.query("DELETE FROM tenant_quota_usage WHERE window_start < now() - interval '2 days'");
     },
     async authenticate(presented) {
       const m = KEY_FORMAT.exec(presented);

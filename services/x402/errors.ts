@@ -23,6 +23,7 @@ export type RequestErrorCode =
   | "api_key_invalid"
   | "api_key_revoked"
   | "api_key_out_of_scope"
+  | "quota_exceeded"
   | "internal_error";
 
 const STATUS: Record<RequestErrorCode, number> = {
@@ -46,6 +47,7 @@ const STATUS: Record<RequestErrorCode, number> = {
   api_key_invalid: 401,
   api_key_revoked: 403,
   api_key_out_of_scope: 403,
+  quota_exceeded: 429,
   internal_error: 500,
 };
 
