@@ -30,6 +30,7 @@ export const ADMIN_PORT = 9421;
 /** Where the embedded store lives in a pod when no database is configured (a PersistentVolumeClaim). */
 export const DATA_MOUNT_PATH = "/var/lib/x402";
 export const SIGNER_MOUNT_PATH = "/var/run/secrets/x402/signer";
+export const SCREENING_MOUNT_PATH = "/etc/x402/screening";
 export const ROUTING_TABLE_KEY = "routing.json";
 export const DEFAULT_SIGNER_KEY = "signer-keys";
 
@@ -74,6 +75,8 @@ export interface FacilitatorNetworkSpec {
   settlement?: { receiptTimeoutSeconds?: number; confirmations?: number; maxFeePerGasWei?: string };
   assets?: string[];
   database?: { urlSecretRef: SecretKeyRef };
+  /** A deny-list of payer and payee addresses, from a ConfigMap key (mounted; edits apply without a restart). */
+  screening?: { denyListConfigMapRef: SecretKeyRef };
   /** The embedded store's PersistentVolumeClaim, without `database`. */
   storage?: { size?: string; storageClassName?: string };
   image?: string;

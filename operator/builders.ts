@@ -20,6 +20,7 @@ import {
   LABEL_PART_OF,
   MANAGED_BY,
   ROUTING_TABLE_KEY,
+  SCREENING_MOUNT_PATH,
   SIGNER_MOUNT_PATH,
   type Condition,
   type ConditionType,
@@ -133,6 +134,7 @@ export function facilitatorEnv(fn: FacilitatorNetwork): EnvVar[] {
   if (s.confirmations !== undefined) env.push({ name: "X402_CONFIRMATIONS", value: String(s.confirmations) });
   if (s.maxFeePerGasWei !== undefined) env.push({ name: "X402_MAX_FEE_PER_GAS_WEI", value: s.maxFeePerGasWei });
   if (spec.assets?.length) env.push({ name: "X402_ASSETS", value: spec.assets.join(",") });
+  if (spec.screening) env.push({ name: "X402_DENY_LIST_FILE", value: `${SCREENING_MOUNT_PATH}/deny-list.txt` });
   return env;
 }
 
@@ -217,6 +219,7 @@ export function buildDeployment(fn: FacilitatorNetwork, opts: BuildOptions) {
                 { name: "signer-keys", mountPath: SIGNER_MOUNT_PATH, readOnly: true },
                 { name: "data", mountPath: DATA_MOUNT_PATH },
                 { name: "tmp", mountPath: "/tmp" },
+                ...(fn.spec.screening ? [{ name: "screening", mountPath: SCREENING_MOUNT_PATH, readOnly: true }] : []),
               ],
             },
           ],
@@ -227,6 +230,10 @@ export function buildDeployment(fn: FacilitatorNetwork, opts: BuildOptions) {
             },
             fn.spec.database ? { name: "data", emptyDir: {} } : { name: "data", persistentVolumeClaim: { claimName: storeClaimName(fn) } },
             { name: "tmp", emptyDir: {} },
+            // the whole volume, not a subPath: an edited ConfigMap reaches the running pod
+            ...(fn.spec.screening
+              ? [{ name: "screening", configMap: { name: fn.spec.screening.denyListConfigMapRef.name, items: [{ key: fn.spec.screening.denyListConfigMapRef.key, path: "deny-list.txt" }] } }]
+              : []),
           ],
         },
       },

@@ -126,6 +126,17 @@ describe("the Deployment", () => {
     expect(buildPersistentVolumeClaim(network({ database: { urlSecretRef: { name: "db", key: "url" } } }))).toBeUndefined();
   });
 
+  it("mounts a screening ConfigMap as a whole volume and points X402_DENY_LIST_FILE at it", () => {
+    const fn = network({ screening: { denyListConfigMapRef: { name: "sanctions", key: "addresses" } } });
+    const d = buildDeployment(fn, OPTS);
+    const c = d.spec.template.spec.containers[0]!;
+    expect(env(fn).X402_DENY_LIST_FILE!.value).toBe("/etc/x402/screening/deny-list.txt");
+    expect(c.volumeMounts).toContainEqual({ name: "screening", mountPath: "/etc/x402/screening", readOnly: true });
+    expect(d.spec.template.spec.volumes).toContainEqual({ name: "screening", configMap: { name: "sanctions", items: [{ key: "addresses", path: "deny-list.txt" }] } });
+    expect(env(network()).X402_DENY_LIST_FILE).toBeUndefined();
+    expect(buildDeployment(network(), OPTS).spec.template.spec.volumes.map((v) => v.name)).not.toContain("screening");
+  });
+
   it("defaults schemes, replicas, key name and resources, and honours image and resources overrides", () => {
     const d = buildDeployment(network(), OPTS);
     const c = d.spec.template.spec.containers[0]!;
@@ -471,7 +482,7 @@ describeWithControlPlane("the built objects on kube-apiserver (server-side dry r
     expect(await dryRun("/apis/apps/v1/namespaces/payments/deployments", buildDeployment(full, OPTS))).toEqual({ status: 201, message: "" });
     expect(await dryRun("/api/v1/namespaces/payments/services", buildService(full))).toEqual({ status: 201, message: "" });
     expect(await dryRun("/apis/policy/v1/namespaces/payments/poddisruptionbudgets", buildPodDisruptionBudget(full)!)).toEqual({ status: 201, message: "" });
-    const embedded = network({ storage: { size: "2Gi", storageClassName: "standard" } });
+    const embedded = network({ storage: { size: "2Gi", storageClassName: "standard" }, screening: { denyListConfigMapRef: { name: "sanctions", key: "addresses" } } });
     expect(await dryRun("/api/v1/namespaces/payments/persistentvolumeclaims", buildPersistentVolumeClaim(embedded)!)).toEqual({ status: 201, message: "" });
     expect(await dryRun("/apis/apps/v1/namespaces/payments/deployments", buildDeployment(embedded, OPTS))).toEqual({ status: 201, message: "" });
     const table = buildRoutingTable([], "cluster.local");

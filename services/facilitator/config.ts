@@ -60,6 +60,8 @@ export interface FacilitatorConfig {
   receiverCredentialsFile?: string;
   /** When set, only these token contracts are accepted (checksummed). */
   allowedAssets?: `0x${string}`[];
+  /** A deny-list file of payer and payee addresses (screening.ts), re-read when it changes. */
+  denyListFile?: string;
   /** The chain's fee, data-fee, finality and RPC rules: the network's defaults with the `policy` overrides. */
   policy: NetworkPolicy;
 }
@@ -81,6 +83,7 @@ const fileSchema = z
     uptoFacilitatorAddress: z.string().regex(/^0x[0-9a-fA-F]{40}$/),
     receiverAuthorizerKeyFile: z.string(),
     receiverCredentialsFile: z.string(),
+    denyListFile: z.string(),
     allowedAssets: z.array(z.string().regex(/^0x[0-9a-fA-F]{40}$/, "expected a 0x-prefixed 20-byte hex address")),
     schemes: z.array(z.enum(SCHEMES)).min(1),
     host: z.string(),
@@ -147,6 +150,7 @@ export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorCon
     uptoFacilitatorAddress: env.X402_UPTO_FACILITATOR_ADDRESS,
     receiverAuthorizerKeyFile: env.X402_RECEIVER_AUTHORIZER_KEY_FILE,
     receiverCredentialsFile: env.X402_RECEIVER_CREDENTIALS_FILE,
+    denyListFile: env.X402_DENY_LIST_FILE || undefined,
     allowedAssets: list(env.X402_ASSETS),
     schemes: list(env.X402_SCHEMES) as Scheme[] | undefined,
     host: env.HOST,
@@ -236,6 +240,7 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
     uptoFacilitatorAddress,
     receiverAuthorizerKey,
     receiverCredentialsFile: c.receiverCredentialsFile,
+    denyListFile: c.denyListFile,
     allowedAssets: c.allowedAssets?.map((a) => getAddress(a)),
     assets: (c.assets as AssetInfo[] | undefined) ?? networkInfo(c.network)?.assets ?? [],
     policy: c.confirmations !== undefined ? { ...policy, confirmations: c.confirmations } : policy,

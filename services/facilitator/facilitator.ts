@@ -22,6 +22,7 @@ import { authenticateReceivers, receiversNeedingAuthorizer, type ReceiverCredent
 import type { SettleJob, SettlementCoordinator } from "./settlement/coordinator.ts";
 import type { OutboxSigner } from "./settlement/outbox-signer.ts";
 import { withDecodedReverts } from "./settlement/reverts.ts";
+import type { Screening } from "./screening.ts";
 
 export interface FacilitatorOptions {
   network: Caip2;
@@ -41,6 +42,8 @@ export interface FacilitatorOptions {
   receiverCredentials?: ReceiverCredentials;
   /** The token contracts accepted; unset: the known assets of this network (`assets`). */
   allowedAssets?: Address[];
+  /** A deny-list of payers and payees (screening.ts), checked before any RPC call. */
+  screening?: Screening;
 }
 
 export interface Facilitator {
@@ -97,6 +100,13 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
     return { payload, requirements };
   }
 
+  /** Why a payment is refused before any RPC call (worthless, or screened out), or undefined. */
+  function refusalOf(payload: PaymentPayload, requirements: PaymentRequirements, step: "verify" | "settle"): { reason: string; message: string } | undefined {
+    const worthless = worthlessReason(payload, requirements, step);
+    if (worthless) return { reason: "invalid_payment_requirements", message: worthless };
+    return opts.screening?.check(payerOf(payload), requirements.payTo);
+  }
+
   return {
     pairs: () => [...pairs],
     supported: () => supported,
@@ -107,9 +117,9 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       const end = opts.metrics.verifyDuration.startTimer(labels);
       const response = await withSpan("facilitator.verify", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: VerifyResponse;
-        const worthless = worthlessReason(payload, requirements, "verify");
-        const { failed, value, error } = worthless
-          ? { failed: false, value: { isValid: false, invalidReason: "invalid_payment_requirements", invalidMessage: worthless, payer: payerOf(payload) } as VerifyResponse, error: undefined }
+        const refusal = refusalOf(payload, requirements, "verify");
+        const { failed, value, error } = refusal
+          ? { failed: false, value: { isValid: false, invalidReason: refusal.reason, invalidMessage: refusal.message, payer: payerOf(payload) } as VerifyResponse, error: undefined }
           : await watchRpc(() =>
               withAssetCode(opts.signer, requirements, async () => {
                 const fast = requirements.scheme === "exact" ? await fastExact.verify(payload, requirements) : undefined;
@@ -140,11 +150,11 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       const end = opts.metrics.settleDuration.startTimer(labels);
       const response = await withSpan("facilitator.settle", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: SettleResponse;
-        const worthless = worthlessReason(payload, requirements, "settle");
-        const { failed, value, error } = worthless
+        const refusal = refusalOf(payload, requirements, "settle");
+        const { failed, value, error } = refusal
           ? {
               failed: false,
-              value: { success: false, errorReason: "invalid_payment_requirements", errorMessage: worthless, transaction: "", network: requirements.network, ...(payerOf(payload) ? { payer: payerOf(payload) } : {}) } as SettleResponse,
+              value: { success: false, errorReason: refusal.reason, errorMessage: refusal.message, transaction: "", network: requirements.network, ...(payerOf(payload) ? { payer: payerOf(payload) } : {}) } as SettleResponse,
               error: undefined,
             }
           : await watchRpc(() =>
@@ -266,8 +276,8 @@ function worthlessReason(payload: PaymentPayload, requirements: PaymentRequireme
 
 /** The payer as the mechanism sees it: Permit2 wins when present (the reference executes it first). */
 function payerOf(payload: PaymentPayload): string | undefined {
-  const p = payload.payload as { authorization?: { from?: string }; permit2Authorization?: { from?: string } };
-  return p.permit2Authorization?.from ?? p.authorization?.from;
+  const p = payload.payload as { authorization?: { from?: string }; permit2Authorization?: { from?: string }; channelConfig?: { payer?: string } };
+  return p.permit2Authorization?.from ?? p.authorization?.from ?? p.channelConfig?.payer;
 }
 
 /** Zero however it is written (BigInt also reads "0x0", " 0"); unreadable amounts are the mechanism's to refuse. */

@@ -13,6 +13,7 @@ import { assertChainId, createChainClient, reportedChainId, type ChainClient } f
 import { SIGNER_NETWORK_MIGRATIONS, bindSignersToNetwork, refuseWellKnownKeys } from "./signer-networks.ts";
 import { minimumSignerBalance } from "./network-policy.ts";
 import { gasPolicyOf, type FacilitatorConfig } from "./config.ts";
+import { watchDenyList } from "./screening.ts";
 import { createFacilitator, type Facilitator } from "./facilitator.ts";
 import { readReceiverCredentials } from "./receiver-auth.ts";
 import { createSettlementCoordinator } from "./settlement/coordinator.ts";
@@ -111,7 +112,9 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     maxFeeBumps: config.maxFeeBumps,
     onInsufficientFunds: (address) => balances.markUnfunded(address),
   });
+  const screening = config.denyListFile ? watchDenyList(config.denyListFile, log) : undefined;
   const facilitator = createFacilitator({
+    screening,
     network: config.network,
     signer,
     chain,
@@ -165,6 +168,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     reconciler,
     close: async () => {
       balances.stop();
+      screening?.close();
       await app.close();
       await admin.close();
       await reconciler.stop();
