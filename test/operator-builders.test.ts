@@ -35,6 +35,7 @@ import {
 } from "../operator/builders.ts";
 import { checkInputs, fetchChainId, type CheckDeps } from "../operator/checks.ts";
 import { createEgress } from "../services/platform/egress.ts";
+import { fetch as undiciFetch } from "undici";
 import { expandEnv } from "./helpers/local-pod.ts";
 import { describeWithControlPlane } from "./helpers/control-plane.ts";
 import { parseBlocks } from "./helpers/doc-blocks.ts";
@@ -410,6 +411,8 @@ describe("input checks", () => {
       for (const url of ["http://10.1.2.3:8545", "http://169.254.169.254/", "http://[fd00::1]/", "http://geth.chains.svc.cluster.local:8545", "http://localhost:8545"]) {
         await expect(guarded(url), url).rejects.toMatchObject({ code: "X402_DESTINATION_NOT_ALLOWED" });
       }
+      // the dispatcher itself refuses literal private addresses (a redirect target never meets the literal check)
+      await expect(undiciFetch(loopback, { dispatcher: egress.dispatcher })).rejects.toMatchObject({ cause: { code: "X402_DESTINATION_NOT_ALLOWED" } });
       expect(sockets).toHaveLength(0);
       // allowed: the same loopback endpoint is contacted (and is no JSON-RPC server)
       const open = createEgress({ allowPrivateNetworks: true });

@@ -5,7 +5,7 @@
 // and on literal hosts before any connection.
 import { lookup as dnsLookup, type LookupAddress, type LookupOptions } from "node:dns";
 import { BlockList, isIP } from "node:net";
-import { Agent, fetch as undiciFetch, type Dispatcher } from "undici";
+import { Agent, buildConnector, fetch as undiciFetch, type Dispatcher } from "undici";
 
 /**
  * Destinations refused (unless private networks are allowed), with why. IPv6 forms that
@@ -102,9 +102,27 @@ export interface Egress {
   close(): Promise<void>;
 }
 
+/**
+ * undici's connector with the guard at the socket: names are checked on the addresses they resolve
+ * to (guardedLookup), and literal IP hosts, which never reach a lookup, are checked here. Every
+ * connection of the dispatcher passes it, redirect targets included.
+ */
+function guardedConnector(): buildConnector.connector {
+  const base = buildConnector({ lookup: guardedLookup as never });
+  return (options, callback) => {
+    const host = options.hostname.replace(/^\[|\]$/g, "");
+    if (isIP(host) && isPrivateAddress(host)) {
+      const e = new Error(`destination ${options.hostname} is not a public address`) as NodeJS.ErrnoException;
+      e.code = DESTINATION_NOT_ALLOWED;
+      return callback(e, null);
+    }
+    return base(options, callback);
+  };
+}
+
 export function createEgress(opts: { allowPrivateNetworks: boolean; headersTimeoutMs?: number; bodyTimeoutMs?: number }): Egress {
   const dispatcher: Dispatcher = new Agent({
-    connect: opts.allowPrivateNetworks ? {} : { lookup: guardedLookup as never },
+    connect: opts.allowPrivateNetworks ? {} : guardedConnector(),
     headersTimeout: opts.headersTimeoutMs,
     bodyTimeout: opts.bodyTimeoutMs,
   });
@@ -116,7 +134,8 @@ export function createEgress(opts: { allowPrivateNetworks: boolean; headersTimeo
       const literal = opts.allowPrivateNetworks ? undefined : literalDestinationProblem(target);
       if (literal) throw new DestinationNotAllowed(literal);
       try {
-        return (await undiciFetch(target, { ...(init as object), dispatcher })) as unknown as Response;
+        // No redirects: an RPC endpoint has no business sending the caller elsewhere.
+        return (await undiciFetch(target, { ...(init as object), redirect: "manual", dispatcher })) as unknown as Response;
       } catch (e) {
         if ((e as { cause?: { code?: string } }).cause?.code === DESTINATION_NOT_ALLOWED) throw new DestinationNotAllowed(`${target.hostname} resolves to a non-public address`);
         throw e;
