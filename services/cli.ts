@@ -25,6 +25,8 @@ commands:
                 --name NAME [--networks eip155:8453,eip155:56] [--schemes exact,upto]
                 [--requests-per-minute N] [--settlements-per-day N]   (enforced across router replicas)
   api-key-limits   change --id ID's --requests-per-minute / --settlements-per-day (a number, or none)
+  api-key-usage    usage for billing as CSV: per UTC day, key, network and asset: verifies, valid, settles,
+                settled, volume (atomic units) [--id ID] [--since YYYY-MM-DD]
   api-key-list     the keys: id, name, scope, created/rotated/revoked (never a secret)
   api-key-rotate   a new secret for --id ID (the old key stops working; printed once)
   api-key-revoke   revoke --id ID
@@ -115,6 +117,7 @@ export async function main(argv: string[]): Promise<void> {
       name: { type: "string" },
       "requests-per-minute": { type: "string" },
       "settlements-per-day": { type: "string" },
+      since: { type: "string" },
     },
   });
   const port = values.port ?? process.env.PORT;
@@ -288,7 +291,8 @@ export async function main(argv: string[]): Promise<void> {
     case "api-key-list":
     case "api-key-rotate":
     case "api-key-revoke":
-    case "api-key-limits": {
+    case "api-key-limits":
+    case "api-key-usage": {
       const { runApiKeyCommand } = await import("./tenants/api-key-command.ts");
       process.stdout.write(await runApiKeyCommand(command!, {
           name: values.name,
@@ -297,6 +301,7 @@ export async function main(argv: string[]): Promise<void> {
           id: values.id,
           requestsPerMinute: values["requests-per-minute"],
           settlementsPerDay: values["settlements-per-day"],
+          since: values.since,
         }, process.env));
       return;
     }

@@ -51,6 +51,7 @@ afterAll(async () => {
   if (createdIds.length) {
     await db.query("DELETE FROM tenant_api_keys WHERE id = ANY($1::text[])", [createdIds]);
     await db.query("DELETE FROM tenant_quota_usage WHERE key_id = ANY($1::text[])", [createdIds]);
+    await db.query("DELETE FROM tenant_usage WHERE key_id = ANY($1::text[])", [createdIds]);
   }
   await db?.close();
   await devnet?.stop();
@@ -90,7 +91,8 @@ async function chainState() {
 
 describe("API keys at the router", () => {
   it("a valid key: the reference resource server is paid through the router, on chain", async () => {
-    const { key } = await newKey("weather-co", { networks: ["eip155:8453"], schemes: ["exact"] });
+    const k = await newKey("weather-co", { networks: ["eip155:8453"], schemes: ["exact"] });
+    const key = k.key;
     const before = await chainState();
     const res = await payingFetch()(await resourceServer(key));
     expect(res.status).toBe(200);
@@ -98,6 +100,12 @@ describe("API keys at the router", () => {
     const after = await chainState();
     expect(after.received).toBe(before.received + 10_000n); // $0.01 of 6-decimal USDC
     expect(after.sent).toBe(before.sent + 1);
+    // usage for billing equals what the chain says moved
+    const usage = await keys.usage({ keyId: k.info.id });
+    const usdc = devnet.info.networks[0]!.assets.find((a) => a.transferMethods.includes("eip3009"))!.address.toLowerCase();
+    expect(usage).toEqual([{ keyId: k.info.id, day: new Date().toISOString().slice(0, 10), network: "eip155:8453", asset: usdc, verifies: 1, valid: 1, settles: 1, settled: 1, volume: String(after.received - before.received) }]);
+    const metrics = await (await fetch(`${router.adminUrl}/metrics`)).text();
+    expect(metrics).toMatch(new RegExp(`^x402_tenant_requests_total\\{key="${k.info.id}",network="eip155:8453",action="settle",result="ok"[^}]*\\} 1$`, "m"));
   });
 
   it("no key, a revoked key, a key for another network: refused with a clear code, nothing sent", async () => {
@@ -189,6 +197,8 @@ describe("API keys at the router", () => {
     expect(cli("api-key-limits", "--id", id, "--settlements-per-day", "500", "--requests-per-minute", "none").stdout).toContain("requests/min=*  settlements/day=500");
     expect(cli("api-key-limits", "--id", id, "--settlements-per-day", "1.5").stderr).toContain('--settlements-per-day must be a non-negative integer or "none"');
     expect(cli("api-key-revoke", "--id", id).stdout).toMatch(/REVOKED=/);
+    expect(cli("api-key-usage", "--since", "2026-01-01").stdout.split("\n")[0]).toBe("day,key,network,asset,verifies,valid,settles,settled,volume");
+    expect(cli("api-key-usage", "--since", "yesterday").stderr).toContain("--since is a UTC day, YYYY-MM-DD");
     const bad = cli("api-key-create", "--name", "x", "--networks", "base");
     expect(bad.status).not.toBe(0);
     expect(bad.stderr).toContain('"base" is not a valid network');

@@ -18,6 +18,8 @@ export function createMetrics(service: string) {
     settleTotal: new Counter({ name: "x402_settle_total", help: "Payment settlements by outcome", labelNames: ["network", "scheme", "result", "reason"], ...r }),
     verifyDuration: new Histogram({ name: "x402_verify_duration_seconds", help: "Verification latency", labelNames: ["network", "scheme"], buckets: LATENCY_BUCKETS, ...r }),
     settleDuration: new Histogram({ name: "x402_settle_duration_seconds", help: "Settlement latency (until the answer, bounded receipt wait included)", labelNames: ["network", "scheme"], buckets: LATENCY_BUCKETS, ...r }),
+    // Per API key (bounded: keys are created by an operator, never by callers), network and outcome.
+    tenantRequests: new Counter({ name: "x402_tenant_requests_total", help: "Keyed /verify and /settle calls at the router by key id, network, action and outcome (ok: valid / settled)", labelNames: ["key", "network", "action", "result"], ...r }),
     httpRequests: new Counter({ name: "x402_http_requests_total", help: "HTTP requests by route and status", labelNames: ["service", "route", "status"], ...r }),
     httpDuration: new Histogram({ name: "x402_http_request_duration_seconds", help: "HTTP request latency", labelNames: ["service", "route"], buckets: LATENCY_BUCKETS, ...r }),
     rpcRequests: new Counter({ name: "x402_rpc_requests_total", help: "JSON-RPC requests by endpoint (host), method and result", labelNames: ["network", "endpoint", "method", "result"], ...r }),

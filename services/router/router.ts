@@ -103,11 +103,39 @@ export function createRouter(opts: RouterOptions): Router {
       throw new RequestError("backend_unavailable", `the facilitator for ${network} answered HTTP ${res.statusCode} without a JSON body`);
     }
     // Our facilitator's JSON goes back byte for byte: no parse and re-serialise on the hot path.
+    let text: string;
     try {
-      return { status: res.statusCode, body: await res.body.text() };
+      text = await res.body.text();
     } catch (e) {
       // The answer broke off (the facilitator died or stalled mid-body): the same as no answer, never a 500.
       throw unreachable(e, network, timeout);
+    }
+    if (key && res.statusCode === 200) await recordUsage(key, action, network, body, text);
+    return { status: res.statusCode, body: text };
+  }
+
+  /** A keyed call's outcome into the key's usage (billing) and metrics; never fails the answer. */
+  async function recordUsage(key: ApiKeyInfo, action: "verify" | "settle", network: string, body: unknown, answer: string) {
+    let ok = false;
+    try {
+      const parsed = JSON.parse(answer) as { isValid?: unknown; success?: unknown };
+      ok = action === "verify" ? parsed.isValid === true : parsed.success === true;
+    } catch {
+      ok = false;
+    }
+    opts.metrics.tenantRequests.inc({ key: key.id, network, action, result: ok ? "ok" : "refused" });
+    const requirements = (body as { paymentRequirements?: { asset?: unknown; amount?: unknown } }).paymentRequirements ?? {};
+    const asset = typeof requirements.asset === "string" ? requirements.asset : "unknown";
+    let amount = 0n;
+    try {
+      amount = BigInt(String(requirements.amount ?? 0));
+    } catch {
+      amount = 0n;
+    }
+    try {
+      await opts.apiKeys!.recordUsage(key.id, { network, asset, action, ok, amount });
+    } catch (e) {
+      opts.logger.warn({ err: { name: (e as Error).name }, key: key.id }, "usage not recorded");
     }
   }
 

@@ -13,6 +13,8 @@ export interface ApiKeyFlags {
   id?: string;
   requestsPerMinute?: string;
   settlementsPerDay?: string;
+  /** api-key-usage: from this UTC day on (YYYY-MM-DD). */
+  since?: string;
 }
 
 /** A limit flag: a non-negative integer, or "none" (no limit); absent: not given. */
@@ -65,6 +67,13 @@ export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env:
         const updated = await store.setLimits(needId(), limits);
         if (!updated) throw new Error(`api-key-limits: no key ${flags.id}`);
         return `${describe(updated)}\n`;
+      }
+      case "api-key-usage": {
+        if (flags.since !== undefined && !/^\d{4}-\d{2}-\d{2}$/.test(flags.since)) throw new Error("api-key-usage: --since is a UTC day, YYYY-MM-DD");
+        if (flags.id !== undefined) needId();
+        const rows = await store.usage({ keyId: flags.id, since: flags.since });
+        const header = "day,key,network,asset,verifies,valid,settles,settled,volume\n";
+        return header + rows.map((r) => `${r.day},${r.keyId},${r.network},${r.asset},${r.verifies},${r.valid},${r.settles},${r.settled},${r.volume}\n`).join("");
       }
       case "api-key-list":
         return (await store.list()).map((k) => `${describe(k)}\n`).join("") || "no API keys\n";

@@ -34,6 +34,22 @@ export const API_KEY_MIGRATIONS: Migration[] = [
         PRIMARY KEY (key_id, counter, window_start)
       )`,
   },
+  {
+    // Usage for billing, per key, UTC day, network and asset.
+    id: "tenants/003_usage",
+    sql: `CREATE TABLE IF NOT EXISTS tenant_usage (
+        key_id text NOT NULL,
+        day date NOT NULL,
+        network text NOT NULL,
+        asset text NOT NULL,
+        verifies bigint NOT NULL DEFAULT 0,
+        valid bigint NOT NULL DEFAULT 0,
+        settles bigint NOT NULL DEFAULT 0,
+        settled bigint NOT NULL DEFAULT 0,
+        volume numeric(78, 0) NOT NULL DEFAULT 0,
+        PRIMARY KEY (key_id, day, network, asset)
+      )`,
+  },
 ];
 
 export const API_KEY_PREFIX = "x402k_";
@@ -62,6 +78,28 @@ export interface ApiKeyInfo extends KeyScope, KeyLimits {
   revokedAt: string | null;
 }
 
+export interface UsageCall {
+  network: string;
+  asset: string;
+  action: "verify" | "settle";
+  ok: boolean;
+  /** Atomic units that moved (a successful settle). */
+  amount?: bigint;
+}
+
+export interface UsageRow {
+  keyId: string;
+  day: string;
+  network: string;
+  asset: string;
+  verifies: number;
+  valid: number;
+  settles: number;
+  settled: number;
+  /** Atomic units of `asset`, as a decimal string (no precision lost). */
+  volume: string;
+}
+
 export type Authentication =
   | { ok: true; key: ApiKeyInfo }
   | { ok: false; code: "api_key_invalid" | "api_key_revoked"; detail: string };
@@ -79,6 +117,13 @@ export interface ApiKeyStore {
   rotate(id: string): Promise<{ key: string; info: ApiKeyInfo } | undefined>;
   revoke(id: string): Promise<ApiKeyInfo | undefined>;
   authenticate(presented: string): Promise<Authentication>;
+  /**
+   * Adds one call to the key's usage of the day (UTC) for this network and asset: a verify (and
+   * whether it was valid), or a settle (and, when it succeeded, the amount that moved).
+   */
+  recordUsage(keyId: string, call: UsageCall): Promise<void>;
+  /** Usage rows per key, day, network and asset, from `since` (YYYY-MM-DD, UTC) on. */
+  usage(filter?: { keyId?: string; since?: string }): Promise<UsageRow[]>;
   /** Drops quota counters of windows that ended more than two days ago. */
   pruneUsage(): Promise<void>;
 }
@@ -181,6 +226,35 @@ export function createApiKeyStore(db: Database, opts: { cacheMs?: number; clock?
       const [r] = await db.query<Row>("UPDATE tenant_api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 RETURNING *", [id]);
       cache.delete(id);
       return r ? info(r) : undefined;
+    },
+    async recordUsage(keyId, call) {
+      const verify = call.action === "verify";
+      await db.query(
+        `INSERT INTO tenant_usage (key_id, day, network, asset, verifies, valid, settles, settled, volume)
+         VALUES ($1, (now() AT TIME ZONE 'UTC')::date, $2, $3, $4, $5, $6, $7, $8)
+         ON CONFLICT (key_id, day, network, asset) DO UPDATE SET
+           verifies = tenant_usage.verifies + EXCLUDED.verifies, valid = tenant_usage.valid + EXCLUDED.valid,
+           settles = tenant_usage.settles + EXCLUDED.settles, settled = tenant_usage.settled + EXCLUDED.settled,
+           volume = tenant_usage.volume + EXCLUDED.volume`,
+        [keyId, call.network, call.asset.toLowerCase(), verify ? 1 : 0, verify && call.ok ? 1 : 0, verify ? 0 : 1, !verify && call.ok ? 1 : 0, (!verify && call.ok ? (call.amount ?? 0n) : 0n).toString()],
+      );
+    },
+    async usage(filter = {}) {
+      const rows = await db.query<{ key_id: string; day: string; network: string; asset: string; verifies: string; valid: string; settles: string; settled: string; volume: string }>(
+        `SELECT key_id, to_char(day, 'YYYY-MM-DD') AS day, network, asset, verifies::text, valid::text, settles::text, settled::text, volume::text FROM tenant_usage WHERE ($1::text IS NULL OR key_id = $1) AND ($2::date IS NULL OR day >= $2::date) ORDER BY day, key_id, network, asset`,
+        [filter.keyId ?? null, filter.since ?? null],
+      );
+      return rows.map((r) => ({
+        keyId: r.key_id,
+        day: r.day,
+        network: r.network,
+        asset: r.asset,
+        verifies: Number(r.verifies),
+        valid: Number(r.valid),
+        settles: Number(r.settles),
+        settled: Number(r.settled),
+        volume: String(r.volume),
+      }));
     },
     async pruneUsage() {
       await db.query("DELETE FROM tenant_quota_usage WHERE window_start < now() - interval '2 days'");
