@@ -24,9 +24,11 @@ commands:
   api-key-create   a key for a resource server (printed once; stored hashed). DATABASE_URL is the routers'.
                 --name NAME [--networks eip155:8453,eip155:56] [--schemes exact,upto]
                 [--requests-per-minute N] [--settlements-per-day N]   (enforced across router replicas)
+                [--gas-budget eip155:8453=WEI,eip155:56=WEI]   (gas per network per UTC day, checked before signing)
   api-key-limits   change --id ID's --requests-per-minute / --settlements-per-day (a number, or none)
+                and --gas-budget NETWORK=WEI|none,... (the networks named change, the others stay)
   api-key-usage    usage for billing as CSV: per UTC day, key, network and asset: verifies, valid, settles,
-                settled, volume (atomic units) [--id ID] [--since YYYY-MM-DD]
+                settled, volume (atomic units), gas_wei [--id ID] [--since YYYY-MM-DD]
   api-key-list     the keys: id, name, scope, created/rotated/revoked (never a secret)
   api-key-rotate   a new secret for --id ID (the old key stops working; printed once)
   api-key-revoke   revoke --id ID
@@ -117,6 +119,7 @@ export async function main(argv: string[]): Promise<void> {
       name: { type: "string" },
       "requests-per-minute": { type: "string" },
       "settlements-per-day": { type: "string" },
+      "gas-budget": { type: "string" },
       since: { type: "string" },
     },
   });
@@ -301,6 +304,7 @@ export async function main(argv: string[]): Promise<void> {
           id: values.id,
           requestsPerMinute: values["requests-per-minute"],
           settlementsPerDay: values["settlements-per-day"],
+          gasBudget: values["gas-budget"],
           since: values.since,
         }, process.env));
       return;

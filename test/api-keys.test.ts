@@ -3,7 +3,7 @@
 // router; without a key, with a revoked key and with a key for another network it is refused and
 // nothing is sent (the facilitator signer's nonce and the receiver's balance do not move). Keys
 // live hashed in the shared PostgreSQL; the CLI creates, lists, rotates and revokes them.
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { Server } from "node:http";
@@ -25,6 +25,8 @@ import type { RunningDevnet } from "../services/devnet/devnet.ts";
 import { startTestDevnet } from "./helpers/devnet.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { PG_URL } from "./helpers/hub.ts";
+import { freePort, stopChild } from "../services/devnet/anvil.ts";
+import { until } from "./helpers/wait.ts";
 import { postJson, serviceShape, signEip3009 } from "./helpers/payments.ts";
 
 /** The secret part of x402k_<16 hex id>_<secret> (base64url: it may contain "_" itself). */
@@ -52,6 +54,7 @@ afterAll(async () => {
     await db.query("DELETE FROM tenant_api_keys WHERE id = ANY($1::text[])", [createdIds]);
     await db.query("DELETE FROM tenant_quota_usage WHERE key_id = ANY($1::text[])", [createdIds]);
     await db.query("DELETE FROM tenant_usage WHERE key_id = ANY($1::text[])", [createdIds]);
+    await db.query("DELETE FROM tenant_gas_budget_usage WHERE key_id = ANY($1::text[])", [createdIds]);
   }
   await db?.close();
   await devnet?.stop();
@@ -86,7 +89,13 @@ async function chainState() {
   const usdc = net.assets.find((a) => a.transferMethods.includes("eip3009"))!;
   const client = createPublicClient({ transport: http(net.rpcUrl) });
   const nonces = await Promise.all(net.signers.map((s) => client.getTransactionCount({ address: s as `0x${string}` })));
-  return { received: await balanceOf(net.rpcUrl, usdc.address, devnet.info.receivers[0]!.address), sent: nonces.reduce((a, b) => a + b, 0) };
+  const native = await Promise.all(net.signers.map((s) => client.getBalance({ address: s as `0x${string}` })));
+  return {
+    received: await balanceOf(net.rpcUrl, usdc.address, devnet.info.receivers[0]!.address),
+    sent: nonces.reduce((a, b) => a + b, 0),
+    /** What the signers hold in wei: gas spent is what leaves it. */
+    signerWei: native.reduce((a, b) => a + b, 0n),
+  };
 }
 
 describe("API keys at the router", () => {
@@ -103,7 +112,7 @@ describe("API keys at the router", () => {
     // usage for billing equals what the chain says moved
     const usage = await keys.usage({ keyId: k.info.id });
     const usdc = devnet.info.networks[0]!.assets.find((a) => a.transferMethods.includes("eip3009"))!.address.toLowerCase();
-    expect(usage).toEqual([{ keyId: k.info.id, day: new Date().toISOString().slice(0, 10), network: "eip155:8453", asset: usdc, verifies: 1, valid: 1, settles: 1, settled: 1, volume: String(after.received - before.received) }]);
+    expect(usage).toEqual([{ keyId: k.info.id, day: new Date().toISOString().slice(0, 10), network: "eip155:8453", asset: usdc, verifies: 1, valid: 1, settles: 1, settled: 1, volume: String(after.received - before.received), gasWei: String(before.signerWei - after.signerWei) }]);
     const metrics = await (await fetch(`${router.adminUrl}/metrics`)).text();
     expect(metrics).toMatch(new RegExp(`^x402_tenant_requests_total\\{key="${k.info.id}",network="eip155:8453",action="settle",result="ok"[^}]*\\} 1$`, "m"));
   });
@@ -183,6 +192,80 @@ describe("API keys at the router", () => {
     }
   });
 
+  it("a daily gas budget holds across two router processes sharing PostgreSQL: charged what the chain says, refused before anything is signed", async () => {
+    // Two real router processes, keys required, on the devnet's routing table.
+    const routers: { url: string; child: ChildProcess }[] = [];
+    const spawnRouter = async () => {
+      const [port, adminPort] = [await freePort(), await freePort()];
+      const child = spawn(process.execPath, [BIN, "router", "--routing-table", join(devnet.dir, "routing.json"), "--port", String(port), "--admin-port", String(adminPort), "--host", "127.0.0.1"], {
+        stdio: "ignore",
+        env: { ...process.env, X402_ROUTER_API_KEYS: "required", DATABASE_URL: PG_URL, OTEL_EXPORTER_OTLP_ENDPOINT: "" },
+      });
+      const url = `http://127.0.0.1:${port}/v2`;
+      routers.push({ url, child });
+      await until(async () => ((await fetch(`${url}/supported`).then((r) => r.status, () => 0)) === 200 ? true : undefined), "a router process", 20_000);
+      return url;
+    };
+    try {
+      const [a, b] = [await spawnRouter(), await spawnRouter()];
+      const net = devnet.info.networks[0]!;
+      const asset = net.assets.find((x) => x.transferMethods.includes("eip3009"))!;
+      const chain = createPublicClient({ transport: http(net.rpcUrl) });
+      const payment = async (amount: bigint) => {
+        const spec = { network: net.network, chainId: net.chainId, asset, payerKey: devnet.info.payers[0]!.privateKey, payTo: devnet.info.receivers[0]!.address, amount };
+        return serviceShape(spec, await signEip3009(spec));
+      };
+      const { key, info } = await newKey("gas-capped", { gasBudgets: { [net.network]: "1000000000000000000" } });
+      const headers = { authorization: `Bearer ${key}` };
+
+      // 1. A settlement through router A is charged what its receipt says it cost.
+      const first = await postJson(`${a}/settle`, await payment(3333n), { headers });
+      expect(first.json).toMatchObject({ success: true });
+      const receipt = await chain.getTransactionReceipt({ hash: first.json.transaction as `0x${string}` });
+      const cost = receipt.gasUsed * receipt.effectiveGasPrice;
+      const [row] = await db.query<{ spent: string; reserved: string }>("SELECT spent::text, reserved::text FROM tenant_gas_budget_usage WHERE key_id = $1", [info.id]);
+      expect(row).toEqual({ spent: cost.toString(), reserved: "0" });
+      expect((await keys.usage({ keyId: info.id }))[0]).toMatchObject({ settled: 1, gasWei: cost.toString() });
+
+      // fleet headers stay between router and facilitator
+      expect([...first.headers.keys()].filter((h) => h.startsWith("x402-fleet"))).toEqual([]);
+
+      // 2. The budget now leaves less than a settlement's worst case (the quote the facilitator gave A).
+      await keys.setLimits(info.id, { gasBudgets: { [net.network]: (cost + 1000n).toString() } });
+      await new Promise((r) => setTimeout(r, 5200)); // the routers' 5 s key cache
+      const before = await chainState();
+      // Router A knows the worst case and refuses before forwarding…
+      const refusedA = await postJson(`${a}/settle`, await payment(4444n), { headers });
+      expect(refusedA.status).toBe(429);
+      const refusal = new RegExp(`^gas_budget_exhausted: x402k_${info.id}_… has 1000 wei left of its gas budget of ${cost + 1000n} wei on eip155:8453 today \\(UTC\\); one settlement may cost up to (\\d+) wei$`).exec(String(refusedA.json.error));
+      expect(refusal, String(refusedA.json.error)).not.toBeNull();
+      const quote = BigInt(refusal![1]!);
+      expect(quote).toBeGreaterThan(cost); // the worst case (gas ceiling x fee cap) bounds what a settlement costs
+      // …router B has no quote yet: it lends the 1000 wei left, and the facilitator refuses to sign beyond them.
+      const refusedB = await postJson(`${b}/settle`, await payment(5555n), { headers });
+      expect(refusedB.json).toMatchObject({ success: false, errorReason: "gas_budget_exhausted", transaction: "" });
+      expect(await chainState()).toEqual(before); // nothing signed, nothing sent
+      const [after] = await db.query<{ spent: string; reserved: string }>("SELECT spent::text, reserved::text FROM tenant_gas_budget_usage WHERE key_id = $1", [info.id]);
+      expect(after).toEqual({ spent: cost.toString(), reserved: "0" });
+
+      // 3. A settlement in flight on one replica holds its worst case from the others.
+      await keys.setLimits(info.id, { gasBudgets: { [net.network]: (cost + quote + quote / 2n).toString() } });
+      await new Promise((r) => setTimeout(r, 5200));
+      const fresh = (await keys.list()).find((k) => k.id === info.id)!;
+      const held = await keys.reserveGas(fresh, net.network, quote);
+      expect("reservation" in held).toBe(true);
+      const busy = await postJson(`${a}/settle`, await payment(6666n), { headers });
+      expect(busy.status).toBe(429);
+      expect(busy.json.error).toContain(`besides ${quote} wei held by settlements in flight`);
+      await keys.settleGas((held as { reservation: Parameters<ApiKeyStore["settleGas"]>[0] }).reservation, 0n);
+      const paid = await postJson(`${b}/settle`, await payment(7777n), { headers });
+      expect(paid.json).toMatchObject({ success: true });
+      expect((await chainState()).received).toBe(before.received + 7777n);
+    } finally {
+      await Promise.all(routers.map((r) => stopChild(r.child)));
+    }
+  });
+
   it("the CLI creates, lists, rotates and revokes keys (DATABASE_URL), and refuses bad input by name", () => {
     const cli = (...args: string[]) => spawnSync(process.execPath, [BIN, ...args], { encoding: "utf8", env: { ...process.env, DATABASE_URL: PG_URL } });
     const created = cli("api-key-create", "--name", "cli-co", "--networks", "eip155:8453", "--schemes", "exact,upto");
@@ -197,7 +280,10 @@ describe("API keys at the router", () => {
     expect(cli("api-key-limits", "--id", id, "--settlements-per-day", "500", "--requests-per-minute", "none").stdout).toContain("requests/min=*  settlements/day=500");
     expect(cli("api-key-limits", "--id", id, "--settlements-per-day", "1.5").stderr).toContain('--settlements-per-day must be a non-negative integer or "none"');
     expect(cli("api-key-revoke", "--id", id).stdout).toMatch(/REVOKED=/);
-    expect(cli("api-key-usage", "--since", "2026-01-01").stdout.split("\n")[0]).toBe("day,key,network,asset,verifies,valid,settles,settled,volume");
+    expect(cli("api-key-limits", "--id", id, "--gas-budget", "eip155:8453=2000000000000000,eip155:56=5").stdout).toContain("gas/day=eip155:56=5,eip155:8453=2000000000000000");
+    expect(cli("api-key-limits", "--id", id, "--gas-budget", "eip155:56=none").stdout).toMatch(/gas\/day=eip155:8453=2000000000000000 {2}created/);
+    expect(cli("api-key-limits", "--id", id, "--gas-budget", "eip155:8453=1e18").stderr).toContain("--gas-budget takes NETWORK=WEI or NETWORK=none");
+    expect(cli("api-key-usage", "--since", "2026-01-01").stdout.split("\n")[0]).toBe("day,key,network,asset,verifies,valid,settles,settled,volume,gas_wei");
     expect(cli("api-key-usage", "--since", "yesterday").stderr).toContain("--since is a UTC day, YYYY-MM-DD");
     const bad = cli("api-key-create", "--name", "x", "--networks", "base");
     expect(bad.status).not.toBe(0);

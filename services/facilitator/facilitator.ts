@@ -23,6 +23,7 @@ import type { SettleJob, SettlementCoordinator } from "./settlement/coordinator.
 import type { OutboxSigner } from "./settlement/outbox-signer.ts";
 import { withDecodedReverts } from "./settlement/reverts.ts";
 import type { Screening } from "./screening.ts";
+import { SCHEME_TRANSACTION_KINDS, type GasMeter } from "./settlement/gas-meter.ts";
 
 export interface FacilitatorOptions {
   network: Caip2;
@@ -48,7 +49,8 @@ export interface FacilitatorOptions {
 
 export interface Facilitator {
   verify(body: unknown): Promise<VerifyResponse>;
-  settle(body: unknown, caller?: CallerHeaders): Promise<SettleResponse>;
+  /** `gas`: the router's allowance for a tenant's settlement; filled with what was spent and the next quote. */
+  settle(body: unknown, caller?: CallerHeaders, gas?: GasMeter): Promise<SettleResponse>;
   supported(): SupportedResponse;
   pairs(): string[];
 }
@@ -141,7 +143,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       return response;
     },
 
-    async settle(body, caller = {}) {
+    async settle(body, caller = {}, gas) {
       const { payload, requirements } = prepare(body);
       if (opts.receiverAuthorizer && requirements.scheme === "batch-settlement") {
         authenticateReceivers(receiversNeedingAuthorizer(payload.payload, opts.receiverAuthorizer.address), caller.authorization, opts.receiverCredentials);
@@ -160,6 +162,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
           : await watchRpc(() =>
               opts.coordinator.settle({
                 ...settleJobOf(payload, requirements),
+                gas,
                 run: () => withAssetCode(opts.signer, requirements, () => withDecodedReverts(() => core.settle(payload, requirements))),
               }),
             );
@@ -174,6 +177,8 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
         return r;
       });
       end();
+      // The size of the router's next reservation for this scheme (no quote when the RPC is down).
+      if (gas) gas.quote = await opts.signer.worstCase(SCHEME_TRANSACTION_KINDS[requirements.scheme] ?? []).catch(() => undefined);
       const result = response.success ? "success" : response.errorReason === "settlement_pending" ? "pending" : "failure";
       opts.metrics.settleTotal.inc({ ...labels, result, reason: reasonLabel(response.errorReason) });
       if (response.errorReason === RPC_UNAVAILABLE) throw rpcUnavailable(opts);

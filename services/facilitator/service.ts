@@ -17,6 +17,7 @@ import { watchDenyList } from "./screening.ts";
 import { createFacilitator, type Facilitator } from "./facilitator.ts";
 import { readReceiverCredentials } from "./receiver-auth.ts";
 import { createSettlementCoordinator } from "./settlement/coordinator.ts";
+import { GasMeter } from "./settlement/gas-meter.ts";
 import type { TransactionKind } from "./settlement/gas-policy.ts";
 import { createOutboxSigner, type OutboxSigner } from "./settlement/outbox-signer.ts";
 import { configureReceiptPolling } from "./settlement/receipts.ts";
@@ -138,7 +139,10 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     longestHandlerMs: config.receiptTimeoutMs, // a settle waits for its receipt up to this bound
     handlers: {
       verify: async (body) => ok(await facilitator.verify(body)),
-      settle: async (body, caller) => ok(await facilitator.settle(body, caller)),
+      settle: async (body, caller) => {
+        const gas = GasMeter.fromHeader(caller.gasAllowance);
+        return { ...ok(await facilitator.settle(body, caller, gas)), headers: gas?.headers() };
+      },
       supported: async () => ok(facilitator.supported()),
     },
   });

@@ -7,11 +7,26 @@ import type { Metrics } from "./metrics.ts";
 import { resolveServerTimeouts, serverTimeoutOptions, type ServerTimeouts } from "./timeouts.ts";
 import { withServerSpan } from "./tracing.ts";
 
+/**
+ * Headers between the router and its facilitators (never sent by or to resource servers): the
+ * gas a settlement may commit for the calling API key, and what it spent (services/tenants).
+ */
+export const FLEET_HEADERS = {
+  /** Router → facilitator: wei this settle may commit, or "unlimited" (metering only). */
+  gasAllowance: "x402-fleet-gas-allowance",
+  /** Facilitator → router: wei the transactions of this call cost on chain; absent while one is not mined. */
+  gasSpent: "x402-fleet-gas-spent-wei",
+  /** Facilitator → router: the worst case of one settlement of this scheme at the current fee cap. */
+  gasQuote: "x402-fleet-gas-quote-wei",
+} as const;
+
 /** What of a request's headers a handler may use: the caller's credentials (forwarded by the router). */
 export interface CallerHeaders {
   authorization?: string;
   /** X-API-Key: the router's API key, when the caller sends it apart from Authorization. */
   apiKey?: string;
+  /** FLEET_HEADERS.gasAllowance, as sent by the router. */
+  gasAllowance?: string;
 }
 
 export interface ContractHandlers {
@@ -24,6 +39,7 @@ export interface HandlerResult {
   status: number;
   /** An object to serialise, or a string that already is JSON (a proxied answer, sent as is). */
   body: unknown;
+  headers?: Record<string, string>;
 }
 
 export interface ContractAppOptions {
@@ -142,7 +158,7 @@ export function createContractApp(opts: ContractAppOptions): FastifyInstance {
     sendError(reply, new RequestError("not_found", `no endpoint ${request.method} ${request.url.split("?")[0]}; endpoints are POST /v2/verify, POST /v2/settle, GET /v2/supported`)),
   );
 
-  const reply = (r: FastifyReply, result: HandlerResult) => r.code(result.status).type("application/json").send(result.body);
+  const reply = (r: FastifyReply, result: HandlerResult) => r.code(result.status).headers(result.headers ?? {}).type("application/json").send(result.body);
   const traced = (name: string, headers: Record<string, unknown>, fn: () => Promise<HandlerResult>) =>
     withServerSpan(`${opts.service} ${name}`, headers, { "x402.service": opts.service }, async (span) => {
       const result = await fn();
@@ -154,7 +170,7 @@ export function createContractApp(opts: ContractAppOptions): FastifyInstance {
 
   for (const action of ["verify", "settle"] as const) {
     app.post(`/v2/${action}`, { schema: { response: { 200: RESPONSE_SCHEMAS[action] } } }, async (request, r) =>
-      reply(r, await traced(`POST /v2/${action}`, request.headers, () => opts.handlers[action](request.body, { authorization: request.headers.authorization, apiKey: headerValue(request.headers["x-api-key"]) }))),
+      reply(r, await traced(`POST /v2/${action}`, request.headers, () => opts.handlers[action](request.body, { authorization: request.headers.authorization, apiKey: headerValue(request.headers["x-api-key"]), gasAllowance: headerValue(request.headers[FLEET_HEADERS.gasAllowance]) }))),
     );
     app.route({ method: ["GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"], url: `/v2/${action}`, handler: methodNotAllowed("POST") });
   }

@@ -4,11 +4,11 @@ import { Pool } from "undici";
 import type { SupportedResponse } from "@x402/core/types";
 import { RequestError } from "../x402/errors.ts";
 import { pairKey, routeOf } from "../x402/wire.ts";
-import type { CallerHeaders, ContractHandlers, HandlerResult } from "../platform/http.ts";
+import { FLEET_HEADERS, type CallerHeaders, type ContractHandlers, type HandlerResult } from "../platform/http.ts";
 import type { Logger } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
 import { traceHeaders } from "../platform/tracing.ts";
-import { API_KEY_PREFIX, outOfScope, type ApiKeyInfo, type ApiKeyStore } from "../tenants/api-keys.ts";
+import { API_KEY_PREFIX, outOfScope, type ApiKeyInfo, type ApiKeyStore, type GasReservation } from "../tenants/api-keys.ts";
 import type { Backend, RoutingTable } from "./routing-table.ts";
 
 export interface RouterOptions {
@@ -37,6 +37,8 @@ export function createRouter(opts: RouterOptions): Router {
   let routes = new Map<string, Route>();
   let pools = new Map<string, Pool>();
   let supported: SupportedResponse = { kinds: [], extensions: [], signers: {} };
+  // The facilitators' latest worst case of one settlement per (scheme, network): the size of a gas reservation.
+  const gasQuotes = new Map<string, bigint>();
 
   function setTable(table: RoutingTable) {
     const nextPools = new Map<string, Pool>();
@@ -81,41 +83,82 @@ export function createRouter(opts: RouterOptions): Router {
         `no facilitator for ${pairKey(scheme, network)}; registered pairs: ${registered.length ? registered.join(", ") : "(none)"}`,
       );
     }
-    const timeout = action === "verify" ? (opts.verifyTimeoutMs ?? 30_000) : (opts.settleTimeoutMs ?? 60_000);
-    let res;
+    // A settlement of a key with a gas budget on this network holds its worst case until the answer says what it cost.
+    const gas = key && action === "settle" ? await reserveGas(opts.apiKeys!, key, pairKey(scheme, network), network) : undefined;
+    let spent: bigint | undefined;
     try {
-      res = await route.pool.request({
-        method: "POST",
-        path: `${route.basePath}/${action}`,
-        // The caller's credentials go to the facilitator as sent (receiver authentication for batch-settlement).
-        headers: { "content-type": "application/json", ...traceHeaders(), ...(forwardedAuthorization ? { authorization: forwardedAuthorization } : {}) },
-        body: JSON.stringify(body),
-        headersTimeout: timeout,
-        bodyTimeout: timeout,
-      });
-    } catch (e) {
-      throw unreachable(e, network, timeout);
+      const timeout = action === "verify" ? (opts.verifyTimeoutMs ?? 30_000) : (opts.settleTimeoutMs ?? 60_000);
+      let res;
+      try {
+        res = await route.pool.request({
+          method: "POST",
+          path: `${route.basePath}/${action}`,
+          // The caller's credentials go to the facilitator as sent (receiver authentication for batch-settlement).
+          headers: {
+            "content-type": "application/json",
+            ...traceHeaders(),
+            ...(forwardedAuthorization ? { authorization: forwardedAuthorization } : {}),
+            ...(gas ? { [FLEET_HEADERS.gasAllowance]: gas.day ? gas.wei.toString() : "unlimited" } : {}),
+          },
+          body: JSON.stringify(body),
+          headersTimeout: timeout,
+          bodyTimeout: timeout,
+        });
+      } catch (e) {
+        throw unreachable(e, network, timeout);
+      }
+      const type = String(res.headers["content-type"] ?? "");
+      if (!type.includes("application/json")) {
+        await res.body.dump();
+        opts.logger.warn({ network, status: res.statusCode }, "facilitator backend answered non-JSON");
+        throw new RequestError("backend_unavailable", `the facilitator for ${network} answered HTTP ${res.statusCode} without a JSON body`);
+      }
+      // Our facilitator's JSON goes back byte for byte: no parse and re-serialise on the hot path.
+      let text: string;
+      try {
+        text = await res.body.text();
+      } catch (e) {
+        // The answer broke off (the facilitator died or stalled mid-body): the same as no answer, never a 500.
+        throw unreachable(e, network, timeout);
+      }
+      if (gas) {
+        // Refused before settling (4xx/5xx): nothing sent. Otherwise the facilitator says what was
+        // spent, and says nothing while a transaction is unmined: then the reservation is charged whole.
+        spent = res.statusCode !== 200 ? 0n : bigintHeader(res.headers[FLEET_HEADERS.gasSpent]);
+        const quote = bigintHeader(res.headers[FLEET_HEADERS.gasQuote]);
+        if (quote !== undefined) gasQuotes.set(pairKey(scheme, network), quote);
+      }
+      if (key && res.statusCode === 200) await recordUsage(key, action, network, body, text, spent);
+      return { status: res.statusCode, body: text };
+    } finally {
+      if (gas) await finishGas(gas, spent, key!);
     }
-    const type = String(res.headers["content-type"] ?? "");
-    if (!type.includes("application/json")) {
-      await res.body.dump();
-      opts.logger.warn({ network, status: res.statusCode }, "facilitator backend answered non-JSON");
-      throw new RequestError("backend_unavailable", `the facilitator for ${network} answered HTTP ${res.statusCode} without a JSON body`);
+  }
+
+  /** Holds a key's gas for one settlement, or refuses it (nothing is forwarded, nothing sent). */
+  async function reserveGas(keys: ApiKeyStore, key: ApiKeyInfo, pair: string, network: string): Promise<GasReservation> {
+    const outcome = await keyStore(() => keys.reserveGas(key, network, gasQuotes.get(pair)));
+    if ("refused" in outcome) {
+      opts.metrics.tenantRequests.inc({ key: key.id, network, action: "settle", result: "gas_budget_exhausted" });
+      throw new RequestError("gas_budget_exhausted", outcome.refused);
     }
-    // Our facilitator's JSON goes back byte for byte: no parse and re-serialise on the hot path.
-    let text: string;
+    return outcome.reservation;
+  }
+
+  /** Releases a reservation and charges what was spent: the whole reservation when that is not known. */
+  async function finishGas(gas: GasReservation, spent: bigint | undefined, key: ApiKeyInfo) {
+    const charged = spent ?? gas.wei;
+    if (charged > 0n) opts.metrics.tenantGasSpent.inc({ key: key.id, network: gas.network }, Number(charged));
     try {
-      text = await res.body.text();
+      await opts.apiKeys!.settleGas(gas, charged);
     } catch (e) {
-      // The answer broke off (the facilitator died or stalled mid-body): the same as no answer, never a 500.
-      throw unreachable(e, network, timeout);
+      // The reservation stays held (counted as spent for the day): the budget errs on the safe side.
+      opts.logger.warn({ err: { name: (e as Error).name }, key: key.id }, "gas reservation not settled");
     }
-    if (key && res.statusCode === 200) await recordUsage(key, action, network, body, text);
-    return { status: res.statusCode, body: text };
   }
 
   /** A keyed call's outcome into the key's usage (billing) and metrics; never fails the answer. */
-  async function recordUsage(key: ApiKeyInfo, action: "verify" | "settle", network: string, body: unknown, answer: string) {
+  async function recordUsage(key: ApiKeyInfo, action: "verify" | "settle", network: string, body: unknown, answer: string, gasWei: bigint | undefined) {
     let ok = false;
     try {
       const parsed = JSON.parse(answer) as { isValid?: unknown; success?: unknown };
@@ -133,7 +176,7 @@ export function createRouter(opts: RouterOptions): Router {
       amount = 0n;
     }
     try {
-      await opts.apiKeys!.recordUsage(key.id, { network, asset, action, ok, amount });
+      await opts.apiKeys!.recordUsage(key.id, { network, asset, action, ok, amount, gasWei });
     } catch (e) {
       opts.logger.warn({ err: { name: (e as Error).name }, key: key.id }, "usage not recorded");
     }
@@ -164,6 +207,10 @@ export function createRouter(opts: RouterOptions): Router {
       opts.logger.warn({ err: { name: (e as Error).name } }, "API key store unavailable");
       throw new RequestError("backend_unavailable", "API keys cannot be checked right now; try again");
     }
+  }
+
+  function bigintHeader(value: string | string[] | undefined): bigint | undefined {
+    return typeof value === "string" && /^[0-9]{1,78}$/.test(value) ? BigInt(value) : undefined;
   }
 
   function unreachable(e: unknown, network: string, timeout: number): RequestError {

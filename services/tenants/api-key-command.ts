@@ -13,6 +13,8 @@ export interface ApiKeyFlags {
   id?: string;
   requestsPerMinute?: string;
   settlementsPerDay?: string;
+  /** NETWORK=WEI|none,...: gas budgets per network per UTC day. */
+  gasBudget?: string;
   /** api-key-usage: from this UTC day on (YYYY-MM-DD). */
   since?: string;
 }
@@ -25,8 +27,21 @@ function limit(flag: string, value: string | undefined): number | null | undefin
   return Number(value);
 }
 
-function limitsOf(flags: ApiKeyFlags): Partial<KeyLimits> {
+/** --gas-budget eip155:8453=1000000000000000,eip155:56=none, merged into the key's current budgets. */
+function gasBudgets(value: string, current: Record<string, string>): Record<string, string> {
+  const out = { ...current };
+  for (const item of value.split(",").map((s) => s.trim()).filter(Boolean)) {
+    const m = /^(eip155:[0-9]+)=([0-9]{1,78}|none)$/.exec(item);
+    if (!m || !CAIP2_PATTERN.test(m[1]!)) throw new Error(`api-key: --gas-budget takes NETWORK=WEI or NETWORK=none (e.g. eip155:8453=2000000000000000), got ${JSON.stringify(item)}`);
+    if (m[2] === "none") delete out[m[1]!];
+    else out[m[1]!] = BigInt(m[2]!).toString();
+  }
+  return out;
+}
+
+function limitsOf(flags: ApiKeyFlags, current: Record<string, string> = {}): Partial<KeyLimits> {
   const out: Partial<KeyLimits> = {};
+  if (flags.gasBudget !== undefined) out.gasBudgets = gasBudgets(flags.gasBudget, current);
   const rpm = limit("--requests-per-minute", flags.requestsPerMinute);
   const spd = limit("--settlements-per-day", flags.settlementsPerDay);
   if (rpm !== undefined) out.requestsPerMinute = rpm;
@@ -42,7 +57,7 @@ function list(value: string | undefined, what: string, valid: (s: string) => boo
 }
 
 const describe = (k: ApiKeyInfo) =>
-  `${k.id}  ${k.name}  networks=${k.networks.join(",") || "*"}  schemes=${k.schemes.join(",") || "*"}  requests/min=${k.requestsPerMinute ?? "*"}  settlements/day=${k.settlementsPerDay ?? "*"}  created=${k.createdAt}${k.rotatedAt ? `  rotated=${k.rotatedAt}` : ""}${k.revokedAt ? `  REVOKED=${k.revokedAt}` : ""}`;
+  `${k.id}  ${k.name}  networks=${k.networks.join(",") || "*"}  schemes=${k.schemes.join(",") || "*"}  requests/min=${k.requestsPerMinute ?? "*"}  settlements/day=${k.settlementsPerDay ?? "*"}${Object.keys(k.gasBudgets).length ? `  gas/day=${Object.entries(k.gasBudgets).sort(([x], [y]) => x.localeCompare(y)).map(([n, w]) => `${n}=${w}`).join(",")}` : ""}  created=${k.createdAt}${k.rotatedAt ? `  rotated=${k.rotatedAt}` : ""}${k.revokedAt ? `  REVOKED=${k.revokedAt}` : ""}`;
 
 export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env: NodeJS.ProcessEnv): Promise<string> {
   if (!env.DATABASE_URL) throw new Error(`${command}: DATABASE_URL (the routers' PostgreSQL database) is required`);
@@ -62,9 +77,10 @@ export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env:
         return `${describe(info)}\nkey (shown once, store it now): ${key}\n`;
       }
       case "api-key-limits": {
-        const limits = limitsOf(flags);
-        if (!Object.keys(limits).length) throw new Error("api-key-limits: give --requests-per-minute and/or --settlements-per-day (a number, or none)");
-        const updated = await store.setLimits(needId(), limits);
+        const id = needId();
+        const limits = limitsOf(flags, (await store.list()).find((k) => k.id === id)?.gasBudgets);
+        if (!Object.keys(limits).length) throw new Error("api-key-limits: give --requests-per-minute, --settlements-per-day (a number, or none) and/or --gas-budget NETWORK=WEI|none");
+        const updated = await store.setLimits(id, limits);
         if (!updated) throw new Error(`api-key-limits: no key ${flags.id}`);
         return `${describe(updated)}\n`;
       }
@@ -72,8 +88,8 @@ export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env:
         if (flags.since !== undefined && !/^\d{4}-\d{2}-\d{2}$/.test(flags.since)) throw new Error("api-key-usage: --since is a UTC day, YYYY-MM-DD");
         if (flags.id !== undefined) needId();
         const rows = await store.usage({ keyId: flags.id, since: flags.since });
-        const header = "day,key,network,asset,verifies,valid,settles,settled,volume\n";
-        return header + rows.map((r) => `${r.day},${r.keyId},${r.network},${r.asset},${r.verifies},${r.valid},${r.settles},${r.settled},${r.volume}\n`).join("");
+        const header = "day,key,network,asset,verifies,valid,settles,settled,volume,gas_wei\n";
+        return header + rows.map((r) => `${r.day},${r.keyId},${r.network},${r.asset},${r.verifies},${r.valid},${r.settles},${r.settled},${r.volume},${r.gasWei}\n`).join("");
       }
       case "api-key-list":
         return (await store.list()).map((k) => `${describe(k)}\n`).join("") || "no API keys\n";

@@ -50,6 +50,20 @@ export const API_KEY_MIGRATIONS: Migration[] = [
         PRIMARY KEY (key_id, day, network, asset)
       )`,
   },
+  {
+    // Gas budgets per key and network (wei per UTC day), their reservations and spend, and gas in usage.
+    id: "tenants/004_gas_budgets",
+    sql: `ALTER TABLE tenant_api_keys ADD COLUMN IF NOT EXISTS gas_budgets jsonb NOT NULL DEFAULT '{}';
+      CREATE TABLE IF NOT EXISTS tenant_gas_budget_usage (
+        key_id text NOT NULL,
+        network text NOT NULL,
+        day date NOT NULL,
+        reserved numeric(78, 0) NOT NULL DEFAULT 0,
+        spent numeric(78, 0) NOT NULL DEFAULT 0,
+        PRIMARY KEY (key_id, network, day)
+      );
+      ALTER TABLE tenant_usage ADD COLUMN IF NOT EXISTS gas_wei numeric(78, 0) NOT NULL DEFAULT 0`,
+  },
 ];
 
 export const API_KEY_PREFIX = "x402k_";
@@ -67,6 +81,8 @@ export interface KeyLimits {
   requestsPerMinute: number | null;
   /** /settle calls per UTC day (each call counts, whatever its outcome). */
   settlementsPerDay: number | null;
+  /** Wei of gas per network and UTC day the facilitators may spend settling for the key (decimal strings); a network absent: no limit. */
+  gasBudgets: Record<string, string>;
 }
 
 /** A key as listed: never its secret. */
@@ -85,6 +101,8 @@ export interface UsageCall {
   ok: boolean;
   /** Atomic units that moved (a successful settle). */
   amount?: bigint;
+  /** Wei of gas the settlement's transactions cost. */
+  gasWei?: bigint;
 }
 
 export interface UsageRow {
@@ -98,6 +116,17 @@ export interface UsageRow {
   settled: number;
   /** Atomic units of `asset`, as a decimal string (no precision lost). */
   volume: string;
+  /** Wei of the network's native coin spent on gas settling these payments, as a decimal string. */
+  gasWei: string;
+}
+
+/** A reservation against a key's gas budget, held while one settlement is in flight. */
+export interface GasReservation {
+  keyId: string;
+  network: string;
+  /** The UTC day it counts against (a settlement crossing midnight is charged to the day it started). */
+  day: string;
+  wei: bigint;
 }
 
 export type Authentication =
@@ -112,6 +141,13 @@ export interface ApiKeyStore {
    * limit already reached is not counted and comes back as the reason.
    */
   consume(key: ApiKeyInfo, counter: "requests" | "settlements"): Promise<string | undefined>;
+  /**
+   * Reserves `quote` wei of the key's gas budget on `network` for one settlement (the whole rest
+   * when no quote is known yet), atomically across replicas; a reason when it does not fit.
+   */
+  reserveGas(key: ApiKeyInfo, network: string, quote: bigint | undefined): Promise<{ reservation: GasReservation } | { refused: string }>;
+  /** Ends a reservation: its wei are released and `spentWei` is charged to the budget. */
+  settleGas(reservation: GasReservation, spentWei: bigint): Promise<void>;
   list(): Promise<ApiKeyInfo[]>;
   /** A new secret for the same id and scope; the old key stops working. */
   rotate(id: string): Promise<{ key: string; info: ApiKeyInfo } | undefined>;
@@ -136,6 +172,7 @@ type Row = {
   schemes: string[];
   requests_per_minute: number | null;
   settlements_per_day: number | null;
+  gas_budgets: Record<string, string>;
   created_at: Date | string;
   rotated_at: Date | string | null;
   revoked_at: Date | string | null;
@@ -149,6 +186,7 @@ const info = (r: Row): ApiKeyInfo => ({
   schemes: r.schemes,
   requestsPerMinute: r.requests_per_minute,
   settlementsPerDay: r.settlements_per_day,
+  gasBudgets: r.gas_budgets ?? {},
   createdAt: iso(r.created_at)!,
   rotatedAt: iso(r.rotated_at),
   revokedAt: iso(r.revoked_at),
@@ -180,8 +218,8 @@ export function createApiKeyStore(db: Database, opts: { cacheMs?: number; clock?
       const id = randomBytes(8).toString("hex");
       const secret = newSecret();
       const [r] = await db.query<Row>(
-        "INSERT INTO tenant_api_keys (id, name, secret_sha256, networks, schemes, requests_per_minute, settlements_per_day) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING *",
-        [id, name, sha256(secret), scope.networks ?? [], scope.schemes ?? [], scope.requestsPerMinute ?? null, scope.settlementsPerDay ?? null],
+        "INSERT INTO tenant_api_keys (id, name, secret_sha256, networks, schemes, requests_per_minute, settlements_per_day, gas_budgets) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING *",
+        [id, name, sha256(secret), scope.networks ?? [], scope.schemes ?? [], scope.requestsPerMinute ?? null, scope.settlementsPerDay ?? null, JSON.stringify(scope.gasBudgets ?? {})],
       );
       return { key: `${API_KEY_PREFIX}${id}_${secret}`, info: info(r!) };
     },
@@ -189,9 +227,10 @@ export function createApiKeyStore(db: Database, opts: { cacheMs?: number; clock?
       const [r] = await db.query<Row>(
         `UPDATE tenant_api_keys SET
            requests_per_minute = CASE WHEN $2 THEN $3::integer ELSE requests_per_minute END,
-           settlements_per_day = CASE WHEN $4 THEN $5::integer ELSE settlements_per_day END
+           settlements_per_day = CASE WHEN $4 THEN $5::integer ELSE settlements_per_day END,
+           gas_budgets = CASE WHEN $6 THEN $7::jsonb ELSE gas_budgets END
          WHERE id = $1 RETURNING *`,
-        [id, "requestsPerMinute" in limits, limits.requestsPerMinute ?? null, "settlementsPerDay" in limits, limits.settlementsPerDay ?? null],
+        [id, "requestsPerMinute" in limits, limits.requestsPerMinute ?? null, "settlementsPerDay" in limits, limits.settlementsPerDay ?? null, "gasBudgets" in limits, JSON.stringify(limits.gasBudgets ?? {})],
       );
       cache.delete(id);
       return r ? info(r) : undefined;
@@ -213,6 +252,49 @@ export function createApiKeyStore(db: Database, opts: { cacheMs?: number; clock?
       );
       return rows.length === 0 ? `${keyLabel(key.id)} has used its ${what}` : undefined;
     },
+    async reserveGas(key, network, quote) {
+      const budget = key.gasBudgets[network];
+      if (budget === undefined) return { reservation: { keyId: key.id, network, day: "", wei: 0n } };
+      const today = "(now() AT TIME ZONE 'UTC')::date";
+      await db.query(`INSERT INTO tenant_gas_budget_usage (key_id, network, day) VALUES ($1, $2, ${today}) ON CONFLICT DO NOTHING`, [key.id, network]);
+      const used = async () => {
+        const [u] = await db.query<{ spent: string; reserved: string }>(`SELECT spent::text, reserved::text FROM tenant_gas_budget_usage WHERE key_id = $1 AND network = $2 AND day = ${today}`, [key.id, network]);
+        return { spent: BigInt(u?.spent ?? 0), reserved: BigInt(u?.reserved ?? 0) };
+      };
+      // Without a quote (the first settlement a replica forwards on this network) the whole rest is held.
+      let wei = quote;
+      if (wei === undefined) {
+        const u = await used();
+        wei = BigInt(budget) - u.spent - u.reserved;
+      }
+      // One statement under the row's lock: only if it fits. Replicas racing for the last wei are
+      // serialised by the lock and re-check the condition on the row as the other left it.
+      const [r] =
+        wei > 0n
+          ? await db.query<{ day: string }>(
+              `UPDATE tenant_gas_budget_usage SET reserved = reserved + $4::numeric
+               WHERE key_id = $1 AND network = $2 AND day = ${today} AND spent + reserved + $4::numeric <= $3::numeric
+               RETURNING to_char(day, 'YYYY-MM-DD') AS day`,
+              [key.id, network, budget, wei.toString()],
+            )
+          : [];
+      if (r) return { reservation: { keyId: key.id, network, day: r.day, wei } };
+      const u = await used();
+      const left = BigInt(budget) - u.spent - u.reserved;
+      return {
+        refused:
+          `${keyLabel(key.id)} has ${left > 0n ? left : 0n} wei left of its gas budget of ${budget} wei on ${network} today (UTC)` +
+          (u.reserved > 0n ? `, besides ${u.reserved} wei held by settlements in flight` : "") +
+          (quote !== undefined ? `; one settlement may cost up to ${quote} wei` : ""),
+      };
+    },
+    async settleGas(reservation, spentWei) {
+      if (reservation.day === "") return; // no budget on this network: nothing was reserved
+      await db.query(
+        "UPDATE tenant_gas_budget_usage SET reserved = greatest(reserved - $4::numeric, 0), spent = spent + $5::numeric WHERE key_id = $1 AND network = $2 AND day = $3::date",
+        [reservation.keyId, reservation.network, reservation.day, reservation.wei.toString(), spentWei.toString()],
+      );
+    },
     async list() {
       return (await db.query<Row>("SELECT * FROM tenant_api_keys ORDER BY created_at, id")).map(info);
     },
@@ -230,18 +312,18 @@ export function createApiKeyStore(db: Database, opts: { cacheMs?: number; clock?
     async recordUsage(keyId, call) {
       const verify = call.action === "verify";
       await db.query(
-        `INSERT INTO tenant_usage (key_id, day, network, asset, verifies, valid, settles, settled, volume)
-         VALUES ($1, (now() AT TIME ZONE 'UTC')::date, $2, $3, $4, $5, $6, $7, $8)
+        `INSERT INTO tenant_usage (key_id, day, network, asset, verifies, valid, settles, settled, volume, gas_wei)
+         VALUES ($1, (now() AT TIME ZONE 'UTC')::date, $2, $3, $4, $5, $6, $7, $8, $9)
          ON CONFLICT (key_id, day, network, asset) DO UPDATE SET
            verifies = tenant_usage.verifies + EXCLUDED.verifies, valid = tenant_usage.valid + EXCLUDED.valid,
            settles = tenant_usage.settles + EXCLUDED.settles, settled = tenant_usage.settled + EXCLUDED.settled,
-           volume = tenant_usage.volume + EXCLUDED.volume`,
-        [keyId, call.network, call.asset.toLowerCase(), verify ? 1 : 0, verify && call.ok ? 1 : 0, verify ? 0 : 1, !verify && call.ok ? 1 : 0, (!verify && call.ok ? (call.amount ?? 0n) : 0n).toString()],
+           volume = tenant_usage.volume + EXCLUDED.volume, gas_wei = tenant_usage.gas_wei + EXCLUDED.gas_wei`,
+        [keyId, call.network, call.asset.toLowerCase(), verify ? 1 : 0, verify && call.ok ? 1 : 0, verify ? 0 : 1, !verify && call.ok ? 1 : 0, (!verify && call.ok ? (call.amount ?? 0n) : 0n).toString(), (call.gasWei ?? 0n).toString()],
       );
     },
     async usage(filter = {}) {
-      const rows = await db.query<{ key_id: string; day: string; network: string; asset: string; verifies: string; valid: string; settles: string; settled: string; volume: string }>(
-        `SELECT key_id, to_char(day, 'YYYY-MM-DD') AS day, network, asset, verifies::text, valid::text, settles::text, settled::text, volume::text FROM tenant_usage WHERE ($1::text IS NULL OR key_id = $1) AND ($2::date IS NULL OR day >= $2::date) ORDER BY day, key_id, network, asset`,
+      const rows = await db.query<{ key_id: string; day: string; network: string; asset: string; verifies: string; valid: string; settles: string; settled: string; volume: string; gas_wei: string }>(
+        `SELECT key_id, to_char(day, 'YYYY-MM-DD') AS day, network, asset, verifies::text, valid::text, settles::text, settled::text, volume::text, gas_wei::text FROM tenant_usage WHERE ($1::text IS NULL OR key_id = $1) AND ($2::date IS NULL OR day >= $2::date) ORDER BY day, key_id, network, asset`,
         [filter.keyId ?? null, filter.since ?? null],
       );
       return rows.map((r) => ({
@@ -254,6 +336,7 @@ export function createApiKeyStore(db: Database, opts: { cacheMs?: number; clock?
         settles: Number(r.settles),
         settled: Number(r.settled),
         volume: String(r.volume),
+        gasWei: String(r.gas_wei),
       }));
     },
     async pruneUsage() {

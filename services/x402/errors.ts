@@ -24,6 +24,7 @@ export type RequestErrorCode =
   | "api_key_revoked"
   | "api_key_out_of_scope"
   | "quota_exceeded"
+  | "gas_budget_exhausted"
   | "internal_error";
 
 const STATUS: Record<RequestErrorCode, number> = {
@@ -48,6 +49,7 @@ const STATUS: Record<RequestErrorCode, number> = {
   api_key_revoked: 403,
   api_key_out_of_scope: 403,
   quota_exceeded: 429,
+  gas_budget_exhausted: 429,
   internal_error: 500,
 };
 

@@ -3,6 +3,7 @@
 // transaction belongs to.
 import { AsyncLocalStorage } from "node:async_hooks";
 import type { Address } from "viem";
+import type { GasMeter } from "./gas-meter.ts";
 
 export interface SettlementContext {
   paymentId: string;
@@ -15,6 +16,8 @@ export interface SettlementContext {
    * estimateGas or on chain, a gas ceiling, a refused broadcast): the reason code and one clean line.
    */
   failure?: { code: string; message: string };
+  /** The caller's gas allowance (a tenant's budget), checked before each transaction is signed. */
+  gas?: GasMeter;
 }
 
 export const settlementContext = new AsyncLocalStorage<SettlementContext>();

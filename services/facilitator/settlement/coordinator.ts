@@ -9,6 +9,7 @@ import { randomUUID } from "node:crypto";
 import type { PaymentPayload, PaymentRequirements, SettleResponse } from "@x402/core/types";
 import { erc20Abi, type Address } from "viem";
 import type { ChainClient } from "../chain.ts";
+import type { GasMeter } from "./gas-meter.ts";
 import { settlementContext } from "./context.ts";
 import { paymentDigest, paymentIdentity } from "./payment-id.ts";
 import { pollMined, sleep } from "./receipts.ts";
@@ -39,6 +40,8 @@ export interface SettleJob {
   reusedReason: string;
   /** What the payment takes from its payer: reserved while in flight, so payments sharing a balance never overdraw it. */
   reservation?: { asset: Address; payer: Address; amount: bigint; insufficientReason: string };
+  /** The caller's gas allowance and spend (the router's tenant budgets). */
+  gas?: GasMeter;
   run: () => Promise<SettleResponse>;
 }
 
@@ -70,7 +73,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
   }
 
   /** Waits (bounded) for a payment that already has a transaction. */
-  async function awaitOutcome(paymentId: string, deadline: number): Promise<SettleResponse> {
+  async function awaitOutcome(paymentId: string, deadline: number, gas?: GasMeter): Promise<SettleResponse> {
     for (;;) {
       const row = (await store.payment(paymentId))!;
       if (row.state === "succeeded" || row.state === "failed") return row.response as unknown as SettleResponse;
@@ -81,6 +84,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
         if (mined) {
           const { receipt } = mined;
           await store.recordMined(paymentId, tx.id, mined.hash, receipt.status === "success", receipt.gasUsed * receipt.effectiveGasPrice, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });
+          gas?.noteMined(tx.id, receipt.gasUsed * receipt.effectiveGasPrice);
           return stored(paymentId);
         }
       }
@@ -109,7 +113,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
         await store.release(paymentId, owner);
         return refusal;
       }
-      result = await settlementContext.run({ paymentId, owner, signer: job.signer }, job.run);
+      result = await settlementContext.run({ paymentId, owner, signer: job.signer, gas: job.gas }, job.run);
     } catch (e) {
       await store.release(paymentId, owner); // a no-op when a transaction exists: that one is still driven to its end
       throw e;
@@ -139,7 +143,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
       return stored(paymentId);
     }
     // A transaction exists but its outcome is not known: drive it (bounded), never re-execute.
-    return awaitOutcome(paymentId, deadline);
+    return awaitOutcome(paymentId, deadline, job.gas);
   }
 
   /**

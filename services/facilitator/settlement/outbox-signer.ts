@@ -27,6 +27,7 @@ import { broadcastErrorLine, classifyBroadcastError, type BroadcastOutcome } fro
 import { settlementContext } from "./context.ts";
 import type { DataFeeModel } from "../network-policy.ts";
 import { BelowFeeFloorError, DEFAULT_BASE_FEE_MULTIPLIER, GasCeilingExceededError, createGasPolicy, transactionKind, type Fees, type GasPolicy, type TransactionKind } from "./gas-policy.ts";
+import { GAS_BUDGET_EXHAUSTED } from "./gas-meter.ts";
 import { pollMined, sleep } from "./receipts.ts";
 import { cleanLine, explainCallFailure, failureCodeOf } from "./reverts.ts";
 import type { OutboxRow, SettlementStore } from "./store.ts";
@@ -99,6 +100,8 @@ export interface OutboxSigner extends FacilitatorEvmSigner {
   retire(row: OutboxRow, reason: BroadcastOutcome, error: string): Promise<void>;
   /** Current fees, clamped to the cap, with the cap itself. */
   marketFees(): Promise<MarketFees>;
+  /** The most one transaction of these kinds may cost right now: the highest ceiling x the fee cap. */
+  worstCase(kinds: TransactionKind[]): Promise<bigint>;
   inFlight(): Record<Address, number>;
   account(address: string): PrivateKeyAccount | undefined;
 }
@@ -329,6 +332,12 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       // Headroom over the estimate, never past the ceiling.
       const padded = args.gas ?? (estimate * 12n) / 10n;
       const gas = padded > policy.ceiling(kind) ? policy.ceiling(kind) : padded;
+      // A tenant's gas budget (gas-meter.ts): the worst this transaction can cost must fit what is left.
+      const worst = gas * fee.maxFeePerGas;
+      if (ctx?.gas && !ctx.gas.commit(worst)) {
+        opts.logger.warn({ kind, worst: worst.toString(), remaining: String(ctx.gas.remaining()) }, "gas allowance of the caller exhausted: not signed");
+        fail(kind, GAS_BUDGET_EXHAUSTED, `the ${kind} transaction may cost up to ${worst} wei, more than the ${ctx.gas.remaining()} wei left of the API key's gas budget for today; nothing was sent`);
+      }
       const entry = { paymentId, claimOwner: ctx?.owner, signer: account.address, to: args.to, data: args.data, gas, kind, maxFeePerGas: fee.maxFeePerGas, maxPriorityFeePerGas: fee.maxPriorityFeePerGas };
       let row = await opts.store.allocateAndStore(entry, () => client.getTransactionCount({ address: account.address, blockTag: "pending" }), (nonce) => sign(account, { ...entry, nonce }));
       crash("after_store", opts.crashAt);
@@ -346,6 +355,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
         await retire(row, outcome, outcome);
         fail(kind, undefined, `the node refused the ${kind} transaction (${outcome}); nothing was sent`);
       }
+      ctx?.gas?.noteSent(row.id);
       crash("after_broadcast", opts.crashAt);
       if (sent.size > 10_000) sent.clear(); // entries are removed by the receipt wait; this bounds the rare leftovers
       sent.set(row.hash, { id: row.id, hashes: row.hashes, signer: account.address });
@@ -378,6 +388,10 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     send,
     retire,
     marketFees,
+    async worstCase(kinds) {
+      const ceiling = kinds.reduce((max, k) => (policy.ceiling(k) > max ? policy.ceiling(k) : max), 0n);
+      return ceiling * (await marketFees()).cap;
+    },
     resign: (row, fee) => sign(accounts.get(row.signer.toLowerCase())!, { to: row.to_address, data: row.data, gas: BigInt(row.gas), nonce: BigInt(row.nonce), ...fee }),
 
     // `account` (an eth_call's from) is passed through: upto simulates its settle call as the facilitator.
@@ -418,7 +432,10 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
           const mined = takeSyncReceipt(args.hash) ?? (await pollMined(opts.chain, row?.hashes ?? [args.hash], opts.confirmations));
           if (mined) {
             const { receipt } = mined;
-            if (row) await opts.store.markMined(row.id, mined.hash, receipt.status === "success", receipt.gasUsed * receipt.effectiveGasPrice, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });
+            if (row) {
+              await opts.store.markMined(row.id, mined.hash, receipt.status === "success", receipt.gasUsed * receipt.effectiveGasPrice, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });
+              settlementContext.getStore()?.gas?.noteMined(row.id, receipt.gasUsed * receipt.effectiveGasPrice);
+            }
             if (receipt.status !== "success") await noteMinedRevert(mined.hash);
             return receipt;
           }
