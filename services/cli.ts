@@ -20,7 +20,8 @@ commands:
   router        the public /v2 edge
                 --routing-table FILE --port 4020 --admin-port 9420 --host 127.0.0.1
                 (env: X402_ROUTING_TABLE, PORT, ADMIN_PORT, HOST, OTEL_EXPORTER_OTLP_ENDPOINT,
-                 X402_ROUTER_API_KEYS=required with DATABASE_URL: /verify and /settle need an API key)
+                 X402_ROUTER_API_KEYS=required with DATABASE_URL: /verify and /settle need an API key,
+                 X402_ROUTER_DISCOVERY=on with DATABASE_URL: the bazaar catalog at /v2/discovery/*)
   api-key-create   a key for a resource server (printed once; stored hashed). DATABASE_URL is the routers'.
                 --name NAME [--networks eip155:8453,eip155:56] [--schemes exact,upto]
                 [--requests-per-minute N] [--settlements-per-day N]   (enforced across router replicas)
@@ -191,9 +192,13 @@ export async function main(argv: string[]): Promise<void> {
       if (!routingTablePath) throw new Error("router: --routing-table (or X402_ROUTING_TABLE) is required");
       const adminPort = values["admin-port"] ?? process.env.ADMIN_PORT;
       const requireKeys = process.env.X402_ROUTER_API_KEYS === "required";
+      const discovery = process.env.X402_ROUTER_DISCOVERY === "on";
       if (requireKeys && !process.env.DATABASE_URL) throw new Error("router: X402_ROUTER_API_KEYS=required needs DATABASE_URL (the PostgreSQL database the replicas share)");
+      if (discovery && !process.env.DATABASE_URL) throw new Error("router: X402_ROUTER_DISCOVERY=on needs DATABASE_URL (the PostgreSQL database the replicas share)");
       const running = await startRouterService({
-        apiKeysDatabaseUrl: requireKeys ? process.env.DATABASE_URL : undefined,
+        databaseUrl: process.env.DATABASE_URL,
+        apiKeys: requireKeys,
+        discovery,
         routingTablePath,
         host: values.host ?? process.env.HOST ?? "127.0.0.1",
         port: Number(port ?? 4020),

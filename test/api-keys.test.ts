@@ -44,7 +44,7 @@ beforeAll(async () => {
   db = await openDatabase({ url: PG_URL, migrations: API_KEY_MIGRATIONS });
   keys = createApiKeyStore(db, { cacheMs: 0 });
   // a second router on the devnet's routing table, with keys required
-  router = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, apiKeysDatabaseUrl: PG_URL }, pino({ level: "silent" }));
+  router = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, apiKeys: true }, pino({ level: "silent" }));
 });
 
 afterAll(async () => {
@@ -156,7 +156,7 @@ describe("API keys at the router", () => {
   });
 
   it("quotas hold across two router replicas sharing PostgreSQL: settlements per day and requests per minute, refused before anything is sent", async () => {
-    const second = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, apiKeysDatabaseUrl: PG_URL }, pino({ level: "silent" }));
+    const second = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, apiKeys: true }, pino({ level: "silent" }));
     try {
       const { key } = await newKey("one-a-day", { settlementsPerDay: 1 });
       const net = devnet.info.networks[0]!;

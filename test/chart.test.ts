@@ -609,13 +609,23 @@ describe("the router's API keys", () => {
   it("are off by default; required, the router reads the shared database URL from a Secret and may reach PostgreSQL", () => {
     const routerEnv = (docs: ReturnType<typeof render>) => podSpec(one(docs, "Deployment", "fleet-x402-fleet-router")).containers[0]!.env as { name: string; value?: string; valueFrom?: object }[];
     expect(routerEnv(docsOf("defaults")).map((e) => e.name)).not.toContain("X402_ROUTER_API_KEYS");
-    expect(renderError({ values: { router: { apiKeys: { required: true } } } })).toContain("router.apiKeys.required needs router.apiKeys.database.existingSecret");
-    const docs = render({ values: { router: { apiKeys: { required: true, database: { existingSecret: "fleet-db" } } }, networkPolicy: { enabled: true, router: { restrictEgress: true } } } });
+    expect(renderError({ values: { router: { apiKeys: { required: true } } } })).toContain("router.apiKeys.required and router.discovery.enabled need router.database.existingSecret");
+    const docs = render({ values: { router: { apiKeys: { required: true }, database: { existingSecret: "fleet-db" } }, networkPolicy: { enabled: true, router: { restrictEgress: true } } } });
     const env = Object.fromEntries(routerEnv(docs).map((e) => [e.name, e.value ?? e.valueFrom]));
     expect(env.X402_ROUTER_API_KEYS).toBe("required");
     expect(env.DATABASE_URL).toEqual({ secretKeyRef: { name: "fleet-db", key: "url" } });
     const egress = (one(docs, "NetworkPolicy", "fleet-x402-fleet-router").spec as { egress: { ports: { port: number }[] }[] }).egress;
     expect(egress.flatMap((r) => r.ports.map((p) => p.port))).toContain(5432);
+    expect(env.X402_ROUTER_DISCOVERY).toBeUndefined();
+  });
+
+  it("the discovery catalog: off by default; on, the router gets X402_ROUTER_DISCOVERY=on and the shared database", () => {
+    const routerEnv = (docs: ReturnType<typeof render>) => Object.fromEntries((podSpec(one(docs, "Deployment", "fleet-x402-fleet-router")).containers[0]!.env as { name: string; value?: string; valueFrom?: object }[]).map((e) => [e.name, e.value ?? e.valueFrom]));
+    expect(routerEnv(docsOf("defaults")).X402_ROUTER_DISCOVERY).toBeUndefined();
+    expect(renderError({ values: { router: { discovery: { enabled: true } } } })).toContain("need router.database.existingSecret");
+    const env = routerEnv(render({ values: { router: { discovery: { enabled: true }, database: { existingSecret: "fleet-db", secretKey: "dsn" } } } }));
+    expect(env).toMatchObject({ X402_ROUTER_DISCOVERY: "on", DATABASE_URL: { secretKeyRef: { name: "fleet-db", key: "dsn" } } });
+    expect(env.X402_ROUTER_API_KEYS).toBeUndefined();
   });
 });
 

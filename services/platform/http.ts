@@ -33,6 +33,11 @@ export interface ContractHandlers {
   verify(body: unknown, caller: CallerHeaders): Promise<HandlerResult>;
   settle(body: unknown, caller: CallerHeaders): Promise<HandlerResult>;
   supported(): Promise<HandlerResult>;
+  /** The bazaar discovery catalog (router only, when enabled): GET /v2/discovery/resources and /search. */
+  discovery?: {
+    resources(query: Record<string, unknown>): Promise<HandlerResult>;
+    search(query: Record<string, unknown>): Promise<HandlerResult>;
+  };
 }
 
 export interface HandlerResult {
@@ -155,7 +160,7 @@ export function createContractApp(opts: ContractAppOptions): FastifyInstance {
   });
 
   app.setNotFoundHandler((request, reply) =>
-    sendError(reply, new RequestError("not_found", `no endpoint ${request.method} ${request.url.split("?")[0]}; endpoints are POST /v2/verify, POST /v2/settle, GET /v2/supported`)),
+    sendError(reply, new RequestError("not_found", `no endpoint ${request.method} ${request.url.split("?")[0]}; endpoints are POST /v2/verify, POST /v2/settle, GET /v2/supported${opts.handlers.discovery ? ", GET /v2/discovery/resources, GET /v2/discovery/search" : ""}`)),
   );
 
   const reply = (r: FastifyReply, result: HandlerResult) => r.code(result.status).headers(result.headers ?? {}).type("application/json").send(result.body);
@@ -178,6 +183,13 @@ export function createContractApp(opts: ContractAppOptions): FastifyInstance {
     reply(r, await traced("GET /v2/supported", request.headers, () => opts.handlers.supported())),
   );
   app.route({ method: ["POST", "PUT", "PATCH", "DELETE", "OPTIONS"], url: "/v2/supported", handler: methodNotAllowed("GET") });
+  const discovery = opts.handlers.discovery;
+  if (discovery) {
+    for (const action of ["resources", "search"] as const) {
+      app.get(`/v2/discovery/${action}`, async (request, r) => reply(r, await traced(`GET /v2/discovery/${action}`, request.headers, () => discovery[action](request.query as Record<string, unknown>))));
+      app.route({ method: ["POST", "PUT", "PATCH", "DELETE", "OPTIONS"], url: `/v2/discovery/${action}`, handler: methodNotAllowed("GET") });
+    }
+  }
   return app;
 }
 

@@ -10,12 +10,15 @@ import type { Metrics } from "../platform/metrics.ts";
 import { traceHeaders } from "../platform/tracing.ts";
 import { API_KEY_PREFIX, outOfScope, type ApiKeyInfo, type ApiKeyStore, type GasReservation } from "../tenants/api-keys.ts";
 import type { Backend, RoutingTable } from "./routing-table.ts";
+import { declaresBazaar, type RouterDiscovery } from "./discovery.ts";
 
 export interface RouterOptions {
   logger: Logger;
   metrics: Metrics;
   /** When set, /verify and /settle need a valid API key in scope (services/tenants/api-keys.ts). */
   apiKeys?: ApiKeyStore;
+  /** When set, paid requests' bazaar declarations are catalogued and /v2/discovery/* is served. */
+  discovery?: RouterDiscovery;
   verifyTimeoutMs?: number;
   settleTimeoutMs?: number;
 }
@@ -129,7 +132,8 @@ export function createRouter(opts: RouterOptions): Router {
         if (quote !== undefined) gasQuotes.set(pairKey(scheme, network), quote);
       }
       if (key && res.statusCode === 200) await recordUsage(key, action, network, body, text, spent);
-      return { status: res.statusCode, body: text };
+      const headers = opts.discovery && res.statusCode === 200 && declaresBazaar(body) && paid(action, text) ? await opts.discovery.afterPayment(body) : undefined;
+      return { status: res.statusCode, body: text, headers };
     } finally {
       if (gas) await finishGas(gas, spent, key!);
     }
@@ -157,15 +161,19 @@ export function createRouter(opts: RouterOptions): Router {
     }
   }
 
-  /** A keyed call's outcome into the key's usage (billing) and metrics; never fails the answer. */
-  async function recordUsage(key: ApiKeyInfo, action: "verify" | "settle", network: string, body: unknown, answer: string, gasWei: bigint | undefined) {
-    let ok = false;
+  /** Whether the facilitator found the payment valid (verify) or settled it (settle). */
+  function paid(action: "verify" | "settle", answer: string): boolean {
     try {
       const parsed = JSON.parse(answer) as { isValid?: unknown; success?: unknown };
-      ok = action === "verify" ? parsed.isValid === true : parsed.success === true;
+      return action === "verify" ? parsed.isValid === true : parsed.success === true;
     } catch {
-      ok = false;
+      return false;
     }
+  }
+
+  /** A keyed call's outcome into the key's usage (billing) and metrics; never fails the answer. */
+  async function recordUsage(key: ApiKeyInfo, action: "verify" | "settle", network: string, body: unknown, answer: string, gasWei: bigint | undefined) {
+    const ok = paid(action, answer);
     opts.metrics.tenantRequests.inc({ key: key.id, network, action, result: ok ? "ok" : "refused" });
     const requirements = (body as { paymentRequirements?: { asset?: unknown; amount?: unknown } }).paymentRequirements ?? {};
     const asset = typeof requirements.asset === "string" ? requirements.asset : "unknown";
@@ -245,6 +253,7 @@ export function createRouter(opts: RouterOptions): Router {
     verify: (body, caller) => forward("verify", body, caller),
     settle: (body, caller) => forward("settle", body, caller),
     supported: async () => ({ status: 200, body: supported }),
+    ...(opts.discovery ? { discovery: { resources: opts.discovery.resources, search: opts.discovery.search } } : {}),
     close: async () => {
       await Promise.all([...pools.values()].map((p) => p.close()));
     },

@@ -6,6 +6,8 @@ import { createMetrics } from "../platform/metrics.ts";
 import { openDatabase } from "../platform/storage.ts";
 import { API_KEY_MIGRATIONS, createApiKeyStore } from "../tenants/api-keys.ts";
 import { createRouter } from "./router.ts";
+import { createRouterDiscovery } from "./discovery.ts";
+import { DISCOVERY_MIGRATIONS, createCatalog } from "../discovery/catalog.ts";
 import { watchRoutingTable } from "./routing-table.ts";
 
 export interface RouterConfig {
@@ -16,11 +18,15 @@ export interface RouterConfig {
   bodyLimit?: number;
   /** How often backends are probed for x402_router_backend_up. */
   probeIntervalMs?: number;
+  /** The PostgreSQL database the replicas share (API keys, quotas, usage, the discovery catalog). */
+  databaseUrl?: string;
   /**
-   * Require API keys on /verify and /settle, kept in this PostgreSQL database (shared by the
-   * replicas; `x402-fleet api-key-*` manages them). Unset: the endpoints are open, as the contract says.
+   * Require API keys on /verify and /settle, kept in `databaseUrl` (`x402-fleet api-key-*` manages
+   * them). Off: the endpoints are open, as the contract says.
    */
-  apiKeysDatabaseUrl?: string;
+  apiKeys?: boolean;
+  /** Catalogue paid requests' bazaar declarations in `databaseUrl` and serve GET /v2/discovery/*. */
+  discovery?: boolean;
 }
 
 export interface RunningRouter {
@@ -31,9 +37,12 @@ export interface RunningRouter {
 
 export async function startRouterService(config: RouterConfig, logger: Logger = createLogger("router")): Promise<RunningRouter> {
   const metrics = createMetrics("router");
-  const keysDb = config.apiKeysDatabaseUrl ? await openDatabase({ url: config.apiKeysDatabaseUrl, migrations: API_KEY_MIGRATIONS }) : undefined;
-  const apiKeys = keysDb ? createApiKeyStore(keysDb) : undefined;
-  const router = createRouter({ logger, metrics, apiKeys });
+  if ((config.apiKeys || config.discovery) && !config.databaseUrl) throw new Error("router: API keys and the discovery catalog need a shared PostgreSQL database (DATABASE_URL)");
+  const migrations = [...(config.apiKeys ? API_KEY_MIGRATIONS : []), ...(config.discovery ? DISCOVERY_MIGRATIONS : [])];
+  const keysDb = migrations.length ? await openDatabase({ url: config.databaseUrl, migrations }) : undefined;
+  const apiKeys = keysDb && config.apiKeys ? createApiKeyStore(keysDb) : undefined;
+  const discovery = keysDb && config.discovery ? createRouterDiscovery(createCatalog(keysDb), logger) : undefined;
+  const router = createRouter({ logger, metrics, apiKeys, discovery });
   const prune = apiKeys ? setInterval(() => void apiKeys.pruneUsage().catch(() => undefined), 3_600_000) : undefined;
   prune?.unref();
   const source = await watchRoutingTable(config.routingTablePath, logger, (t) => {
@@ -52,7 +61,7 @@ export async function startRouterService(config: RouterConfig, logger: Logger = 
     checks: [{ name: "routing_table_loaded", check: async () => source.current() !== undefined }],
   });
   const address = await app.listen({ host: config.host, port: config.port });
-  logger.info({ url: `${address}/v2`, admin: admin.url, table: config.routingTablePath, apiKeys: keysDb ? "required" : "off" }, "router listening");
+  logger.info({ url: `${address}/v2`, admin: admin.url, table: config.routingTablePath, apiKeys: apiKeys ? "required" : "off", discovery: discovery ? "on" : "off" }, "router listening");
   return {
     url: `${address}/v2`,
     adminUrl: admin.url,

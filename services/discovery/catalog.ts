@@ -1,0 +1,256 @@
+// The discovery catalog (the x402 `bazaar` extension): resources whose paid requests carried a
+// bazaar declaration, recorded when a payment was found valid or settled, and served by the router
+// at GET /v2/discovery/resources and /v2/discovery/search from the database its replicas share.
+//
+// Declarations come from untrusted clients (they echo the resource server's 402 body), so every
+// value passes the specification's rules before it is stored: `info` must match its own schema and
+// the protocol's invariants (@x402/extensions), service metadata is soft-dropped field by field, the
+// resource URL itself must be an absolute http(s) URL that is not an IP literal or a loopback name
+// (the iconUrl rule), and free text is bounded. A declaration that fails is not catalogued, and
+// the resource server is told why in EXTENSION-RESPONSES.
+import {
+  BAZAAR,
+  extractDiscoveryInfo,
+  isValidIconUrl,
+  validateDiscoveryExtension,
+  validateDiscoveryExtensionSpec,
+  type DiscoveryExtension,
+  type DiscoveryResource,
+  type DiscoveryResourcesResponse,
+  type SearchDiscoveryResourcesResponse,
+} from "@x402/extensions/bazaar";
+import type { PaymentPayload, PaymentRequirements } from "@x402/core/types";
+import type { Database, Migration } from "../platform/storage.ts";
+
+export const DISCOVERY_MIGRATIONS: Migration[] = [
+  {
+    id: "discovery/001_resources",
+    sql: `CREATE TABLE IF NOT EXISTS discovery_resources (
+      resource text NOT NULL,
+      tool text NOT NULL DEFAULT '',
+      type text NOT NULL,
+      x402_version integer NOT NULL,
+      accepts jsonb NOT NULL,
+      pay_to text[] NOT NULL,
+      schemes text[] NOT NULL,
+      networks text[] NOT NULL,
+      extension_keys text[] NOT NULL,
+      description text,
+      mime_type text,
+      service_name text,
+      tags text[],
+      icon_url text,
+      extensions jsonb,
+      search_text text NOT NULL,
+      last_updated timestamptz NOT NULL,
+      PRIMARY KEY (resource, tool)
+    );
+    CREATE INDEX IF NOT EXISTS discovery_resources_updated ON discovery_resources (last_updated DESC, resource, tool)`,
+  },
+];
+
+/** What the resource server is told about its declaration (the spec's EXTENSION-RESPONSES `bazaar` key). */
+export type CatalogOutcome = { status: "success" } | { status: "rejected"; rejectedReason: string };
+
+export interface ListParams {
+  type?: string;
+  payTo?: string;
+  scheme?: string;
+  network?: string;
+  extensions?: string;
+  limit?: number;
+  offset?: number;
+}
+
+export interface SearchParams extends Omit<ListParams, "offset"> {
+  query: string;
+  cursor?: string;
+}
+
+export interface Catalog {
+  /** Records a paid request's declaration; undefined when the payment declared none. Never throws for bad input. */
+  record(payload: PaymentPayload, requirements: PaymentRequirements): Promise<CatalogOutcome | undefined>;
+  list(params: ListParams): Promise<DiscoveryResourcesResponse>;
+  search(params: SearchParams): Promise<SearchDiscoveryResourcesResponse>;
+}
+
+export const MAX_PAGE = 100;
+const MAX_ACCEPTS = 16;
+const MAX_TEXT = 512;
+/** The echoed extensions of one resource, serialised; a bigger declaration is refused, not truncated. */
+const MAX_EXTENSIONS_BYTES = 16 * 1024;
+
+/** Free text kept only when it is printable, single-line and bounded (soft-drop). */
+function boundedText(value: unknown): string | undefined {
+  if (typeof value !== "string" || value.length === 0 || value.length > MAX_TEXT) return undefined;
+  for (let i = 0; i < value.length; i++) {
+    const c = value.charCodeAt(i);
+    if (c < 0x20 || (c >= 0x7f && c <= 0x9f)) return undefined; // control characters (category Cc)
+  }
+  return value;
+}
+
+type Row = {
+  resource: string;
+  tool: string;
+  type: string;
+  x402_version: number;
+  accepts: PaymentRequirements[];
+  description: string | null;
+  mime_type: string | null;
+  service_name: string | null;
+  tags: string[] | null;
+  icon_url: string | null;
+  extensions: Record<string, unknown> | null;
+  last_updated: Date | string;
+};
+
+function item(r: Row): DiscoveryResource {
+  return {
+    resource: r.resource,
+    type: r.type,
+    x402Version: r.x402_version,
+    accepts: r.accepts,
+    lastUpdated: new Date(r.last_updated).toISOString(),
+    ...(r.description !== null ? { description: r.description } : {}),
+    ...(r.mime_type !== null ? { mimeType: r.mime_type } : {}),
+    ...(r.service_name !== null ? { serviceName: r.service_name } : {}),
+    ...(r.tags?.length ? { tags: r.tags } : {}),
+    ...(r.icon_url !== null ? { iconUrl: r.icon_url } : {}),
+    ...(r.extensions !== null ? { extensions: r.extensions } : {}),
+  };
+}
+
+/** The filters both endpoints share, as SQL conditions from parameter $first on. */
+function filters(p: ListParams, first: number): { where: string[]; args: unknown[] } {
+  const where: string[] = [];
+  const args: unknown[] = [];
+  const add = (sql: (n: string) => string, value: unknown) => {
+    args.push(value);
+    where.push(sql(`$${first + args.length - 1}`));
+  };
+  if (p.type) add((n) => `type = ${n}`, p.type);
+  if (p.payTo) add((n) => `${n} = ANY(pay_to)`, p.payTo.toLowerCase());
+  if (p.scheme) add((n) => `${n} = ANY(schemes)`, p.scheme);
+  if (p.network) add((n) => `${n} = ANY(networks)`, p.network);
+  if (p.extensions) add((n) => `${n}::text[] <@ extension_keys`, p.extensions.split(",").map((s) => s.trim()).filter(Boolean));
+  return { where, args };
+}
+
+const cursorOf = (offset: number) => Buffer.from(JSON.stringify({ o: offset })).toString("base64url");
+/** An opaque cursor back to its offset; anything else starts from the top (the spec lets servers ignore cursors). */
+function offsetOf(cursor: string | undefined): number {
+  if (!cursor) return 0;
+  try {
+    const o = (JSON.parse(Buffer.from(cursor, "base64url").toString("utf8")) as { o?: unknown }).o;
+    return typeof o === "number" && Number.isSafeInteger(o) && o >= 0 ? o : 0;
+  } catch {
+    return 0;
+  }
+}
+
+export function createCatalog(db: Database): Catalog {
+  return {
+    async record(payload, requirements) {
+      const declared = (payload.extensions as Record<string, unknown> | undefined)?.[BAZAAR.key];
+      if (declared === undefined) return undefined;
+      if (!declared || typeof declared !== "object") return { status: "rejected", rejectedReason: "the bazaar extension is not an object" };
+      const extension = declared as DiscoveryExtension;
+      let spec;
+      let schema;
+      try {
+        spec = validateDiscoveryExtensionSpec(declared as Record<string, unknown>);
+        schema = spec.valid ? validateDiscoveryExtension(extension) : undefined;
+      } catch {
+        return { status: "rejected", rejectedReason: "the bazaar declaration could not be validated" };
+      }
+      if (!spec.valid) return { status: "rejected", rejectedReason: `info breaks the bazaar rules: ${(spec.errors ?? []).join("; ").slice(0, 200)}` };
+      if (!schema?.valid) return { status: "rejected", rejectedReason: `info does not match its schema: ${(schema?.errors ?? []).join("; ").slice(0, 200)}` };
+      const resourceUrl = (payload.resource as { url?: unknown } | undefined)?.url;
+      if (typeof resourceUrl !== "string" || !isValidIconUrl(resourceUrl)) {
+        return { status: "rejected", rejectedReason: "resource.url must be an absolute http(s) URL on a public host name (no IP literal, no localhost, no credentials)" };
+      }
+      let found;
+      try {
+        found = extractDiscoveryInfo(payload, requirements, false); // validated above; service metadata is sanitised inside
+      } catch {
+        found = null;
+      }
+      if (!found) return { status: "rejected", rejectedReason: "no discovery information could be extracted" };
+      const extensions = { [BAZAAR.key]: declared };
+      if (JSON.stringify(extensions).length > MAX_EXTENSIONS_BYTES) return { status: "rejected", rejectedReason: `the bazaar declaration is larger than ${MAX_EXTENSIONS_BYTES} bytes` };
+      const type = (found.discoveryInfo.input as { type: string }).type;
+      const tool = type === "mcp" ? String((found.discoveryInfo.input as { toolName?: string; tool?: string }).toolName ?? (found.discoveryInfo.input as { tool?: string }).tool ?? "") : "";
+      const http = found as { resourceUrl: string; description?: string; mimeType?: string; serviceName?: string; tags?: string[]; iconUrl?: string };
+      const accepted: PaymentRequirements = {
+        scheme: requirements.scheme,
+        network: requirements.network,
+        asset: requirements.asset,
+        amount: requirements.amount,
+        payTo: requirements.payTo,
+        maxTimeoutSeconds: requirements.maxTimeoutSeconds,
+        extra: requirements.extra ?? {},
+      };
+      const description = boundedText(http.description);
+      const searchText = [http.resourceUrl, description, http.serviceName, ...(http.tags ?? []), tool].filter(Boolean).join(" ").toLowerCase();
+      // One payment option per (scheme, network, asset, payTo): a repeated payment refreshes its own entry.
+      const [existing] = await db.query<{ accepts: PaymentRequirements[] }>("SELECT accepts FROM discovery_resources WHERE resource = $1 AND tool = $2", [http.resourceUrl, tool]);
+      const same = (a: PaymentRequirements) => a.scheme === accepted.scheme && a.network === accepted.network && a.asset.toLowerCase() === accepted.asset.toLowerCase() && a.payTo.toLowerCase() === accepted.payTo.toLowerCase();
+      const accepts = [accepted, ...(existing?.accepts ?? []).filter((a) => !same(a))].slice(0, MAX_ACCEPTS);
+      await db.query(
+        `INSERT INTO discovery_resources (resource, tool, type, x402_version, accepts, pay_to, schemes, networks, extension_keys, description, mime_type, service_name, tags, icon_url, extensions, search_text, last_updated)
+         VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15::jsonb, $16, now())
+         ON CONFLICT (resource, tool) DO UPDATE SET type = EXCLUDED.type, x402_version = EXCLUDED.x402_version, accepts = EXCLUDED.accepts,
+           pay_to = EXCLUDED.pay_to, schemes = EXCLUDED.schemes, networks = EXCLUDED.networks, extension_keys = EXCLUDED.extension_keys,
+           description = EXCLUDED.description, mime_type = EXCLUDED.mime_type, service_name = EXCLUDED.service_name, tags = EXCLUDED.tags,
+           icon_url = EXCLUDED.icon_url, extensions = EXCLUDED.extensions, search_text = EXCLUDED.search_text, last_updated = now()`,
+        [
+          http.resourceUrl,
+          tool,
+          type,
+          payload.x402Version,
+          JSON.stringify(accepts),
+          [...new Set(accepts.map((a) => a.payTo.toLowerCase()))],
+          [...new Set(accepts.map((a) => a.scheme))],
+          [...new Set(accepts.map((a) => a.network))],
+          Object.keys(extensions),
+          description ?? null,
+          boundedText(http.mimeType) ?? null,
+          http.serviceName ?? null,
+          http.tags ?? [],
+          http.iconUrl ?? null,
+          JSON.stringify(extensions),
+          searchText,
+        ],
+      );
+      return { status: "success" };
+    },
+
+    async list(params) {
+      const limit = params.limit ?? MAX_PAGE;
+      const offset = params.offset ?? 0;
+      const { where, args } = filters(params, 1);
+      const clause = where.length ? `WHERE ${where.join(" AND ")}` : "";
+      const [rows, [count]] = await Promise.all([
+        db.query<Row>(`SELECT * FROM discovery_resources ${clause} ORDER BY last_updated DESC, resource, tool LIMIT ${limit} OFFSET ${offset}`, args),
+        db.query<{ total: string }>(`SELECT count(*)::text AS total FROM discovery_resources ${clause}`, args),
+      ]);
+      return { x402Version: 2, items: rows.map(item), pagination: { limit, offset, total: Number(count?.total ?? 0) } };
+    },
+
+    async search(params) {
+      const limit = params.limit ?? 20;
+      const offset = offsetOf(params.cursor);
+      const { where, args } = filters(params, 1);
+      // Every word of the query must appear (case-insensitive) in the resource's URL, description, name, tags or tool.
+      for (const word of params.query.toLowerCase().split(/\s+/).filter(Boolean).slice(0, 8)) {
+        args.push(`%${word.replace(/[\\%_]/g, (c) => `\\${c}`)}%`);
+        where.push(`search_text LIKE $${args.length}`);
+      }
+      const clause = where.length ? `WHERE ${where.join(" AND ")}` : "";
+      const rows = await db.query<Row>(`SELECT * FROM discovery_resources ${clause} ORDER BY last_updated DESC, resource, tool LIMIT ${limit + 1} OFFSET ${offset}`, args);
+      const more = rows.length > limit;
+      return { x402Version: 2, resources: rows.slice(0, limit).map(item), partialResults: false, pagination: { limit, cursor: more ? cursorOf(offset + limit) : null } };
+    },
+  };
+}

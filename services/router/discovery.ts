@@ -1,0 +1,109 @@
+// The router's side of the discovery catalog: records the bazaar declarations of paid requests
+// (once per distinct declaration per minute and replica, so a busy resource costs the database
+// little), tells the resource server the outcome in EXTENSION-RESPONSES, and answers
+// /v2/discovery/* from a short per-query cache in front of the shared store.
+import { createHash } from "node:crypto";
+import type { PaymentPayload, PaymentRequirements } from "@x402/core/types";
+import { MAX_PAGE, type Catalog, type CatalogOutcome, type ListParams } from "../discovery/catalog.ts";
+import type { HandlerResult } from "../platform/http.ts";
+import type { Logger } from "../platform/logger.ts";
+import { RequestError } from "../x402/errors.ts";
+
+const RECORD_EVERY_MS = 60_000;
+const ANSWER_CACHE_MS = 1_000;
+const MAX_CACHED = 2_000;
+const MAX_OFFSET = 1_000_000;
+const FILTERS = ["type", "payTo", "scheme", "network", "extensions"] as const;
+
+export interface RouterDiscovery {
+  /** After a valid verify or a successful settle: the EXTENSION-RESPONSES header, when the payment declared bazaar. */
+  afterPayment(body: unknown): Promise<Record<string, string> | undefined>;
+  resources(query: Record<string, unknown>): Promise<HandlerResult>;
+  search(query: Record<string, unknown>): Promise<HandlerResult>;
+}
+
+/** Whether a request body declares the bazaar extension (cheap: no parsing beyond what is there). */
+export function declaresBazaar(body: unknown): boolean {
+  const ext = (body as { paymentPayload?: { extensions?: Record<string, unknown> } } | undefined)?.paymentPayload?.extensions;
+  return !!ext && typeof ext === "object" && "bazaar" in ext;
+}
+
+function text(query: Record<string, unknown>, name: string, max = 200): string | undefined {
+  const v = query[name];
+  if (v === undefined) return undefined;
+  if (typeof v !== "string" || v.length === 0 || v.length > max) throw new RequestError("invalid_request", `${name} must be a string of 1 to ${max} characters`);
+  return v;
+}
+
+function integer(query: Record<string, unknown>, name: string, min: number, max: number): number | undefined {
+  const v = query[name];
+  if (v === undefined) return undefined;
+  if (typeof v !== "string" || !/^\d{1,7}$/.test(v) || Number(v) < min || Number(v) > max) throw new RequestError("invalid_request", `${name} must be an integer from ${min} to ${max}`);
+  return Number(v);
+}
+
+function filtersOf(query: Record<string, unknown>): ListParams {
+  const out: ListParams = {};
+  for (const f of FILTERS) {
+    const v = text(query, f);
+    if (v !== undefined) out[f] = v;
+  }
+  return out;
+}
+
+export function createRouterDiscovery(catalog: Catalog, logger: Logger): RouterDiscovery {
+  const recorded = new Map<string, { at: number; outcome: CatalogOutcome }>();
+  const answers = new Map<string, { at: number; body: unknown }>();
+
+  async function cached(key: string, fn: () => Promise<unknown>): Promise<HandlerResult> {
+    const hit = answers.get(key);
+    if (hit && Date.now() - hit.at < ANSWER_CACHE_MS) return { status: 200, body: hit.body };
+    let body;
+    try {
+      body = await fn();
+    } catch (e) {
+      logger.warn({ err: { name: (e as Error).name } }, "discovery catalog unavailable");
+      throw new RequestError("backend_unavailable", "the discovery catalog cannot be read right now; try again");
+    }
+    if (answers.size >= MAX_CACHED) answers.clear();
+    answers.set(key, { at: Date.now(), body });
+    return { status: 200, body };
+  }
+
+  return {
+    async afterPayment(body) {
+      const { paymentPayload, paymentRequirements } = body as { paymentPayload: PaymentPayload; paymentRequirements: PaymentRequirements };
+      const key = createHash("sha256")
+        .update(JSON.stringify([paymentPayload.resource, paymentPayload.extensions?.bazaar, paymentRequirements.scheme, paymentRequirements.network, paymentRequirements.asset, paymentRequirements.payTo, paymentRequirements.amount]))
+        .digest("base64url");
+      const hit = recorded.get(key);
+      let outcome = hit && Date.now() - hit.at < RECORD_EVERY_MS ? hit.outcome : undefined;
+      if (!outcome) {
+        try {
+          outcome = await catalog.record(paymentPayload, paymentRequirements);
+        } catch (e) {
+          // Cataloguing is a side effect of a payment: it never fails the payment's answer.
+          logger.warn({ err: { name: (e as Error).name } }, "bazaar declaration not recorded");
+          outcome = { status: "rejected", rejectedReason: "the catalog could not be written; the next payment retries" };
+          return { "extension-responses": Buffer.from(JSON.stringify({ bazaar: outcome })).toString("base64") };
+        }
+        if (!outcome) return undefined;
+        if (recorded.size >= MAX_CACHED) recorded.clear();
+        recorded.set(key, { at: Date.now(), outcome });
+      }
+      return { "extension-responses": Buffer.from(JSON.stringify({ bazaar: outcome })).toString("base64") };
+    },
+
+    resources(query) {
+      const params = { ...filtersOf(query), limit: integer(query, "limit", 1, MAX_PAGE), offset: integer(query, "offset", 0, MAX_OFFSET) };
+      return cached(`r${JSON.stringify(params)}`, () => catalog.list(params));
+    },
+
+    search(query) {
+      const q = text(query, "query");
+      if (q === undefined) throw new RequestError("invalid_request", "query is required (the words to search for)");
+      const params = { ...filtersOf(query), query: q, limit: integer(query, "limit", 1, MAX_PAGE), cursor: text(query, "cursor", 100) };
+      return cached(`s${JSON.stringify(params)}`, () => catalog.search(params));
+    },
+  };
+}
