@@ -75,8 +75,14 @@ export interface FacilitatorNetworkSpec {
   settlement?: { receiptTimeoutSeconds?: number; confirmations?: number; maxFeePerGasWei?: string };
   assets?: string[];
   database?: { urlSecretRef: SecretKeyRef };
-  /** A deny-list of payer and payee addresses, from a ConfigMap key (mounted; edits apply without a restart). */
-  screening?: { denyListConfigMapRef: SecretKeyRef };
+  /**
+   * A deny-list of payer and payee addresses, from a ConfigMap key (mounted; edits apply without a
+   * restart), and/or an external screening service (its URL from a Secret).
+   */
+  screening?: {
+    denyListConfigMapRef?: SecretKeyRef;
+    service?: { urlSecretRef: SecretKeyRef; timeoutMs?: number; failure?: "closed" | "open"; cacheSeconds?: number };
+  };
   /** The embedded store's PersistentVolumeClaim, without `database`. */
   storage?: { size?: string; storageClassName?: string };
   image?: string;
@@ -128,6 +134,8 @@ export type DegradedReason =
   | "SignerSecretInvalid"
   | "DatabaseSecretNotFound"
   | "DatabaseSecretInvalid"
+  | "ScreeningSecretNotFound"
+  | "ScreeningSecretInvalid"
   | "RpcSecretNotFound"
   | "RpcEndpointInvalid"
   | "RpcEndpointNotAllowed"

@@ -134,7 +134,14 @@ export function facilitatorEnv(fn: FacilitatorNetwork): EnvVar[] {
   if (s.confirmations !== undefined) env.push({ name: "X402_CONFIRMATIONS", value: String(s.confirmations) });
   if (s.maxFeePerGasWei !== undefined) env.push({ name: "X402_MAX_FEE_PER_GAS_WEI", value: s.maxFeePerGasWei });
   if (spec.assets?.length) env.push({ name: "X402_ASSETS", value: spec.assets.join(",") });
-  if (spec.screening) env.push({ name: "X402_DENY_LIST_FILE", value: `${SCREENING_MOUNT_PATH}/deny-list.txt` });
+  if (spec.screening?.denyListConfigMapRef) env.push({ name: "X402_DENY_LIST_FILE", value: `${SCREENING_MOUNT_PATH}/deny-list.txt` });
+  const hook = spec.screening?.service;
+  if (hook) {
+    env.push({ name: "X402_SCREENING_URL", valueFrom: { secretKeyRef: { name: hook.urlSecretRef.name, key: hook.urlSecretRef.key } } });
+    if (hook.timeoutMs !== undefined) env.push({ name: "X402_SCREENING_TIMEOUT_MS", value: String(hook.timeoutMs) });
+    if (hook.failure !== undefined) env.push({ name: "X402_SCREENING_FAILURE", value: hook.failure });
+    if (hook.cacheSeconds !== undefined) env.push({ name: "X402_SCREENING_CACHE_MS", value: String(hook.cacheSeconds * 1000) });
+  }
   return env;
 }
 
@@ -219,7 +226,7 @@ export function buildDeployment(fn: FacilitatorNetwork, opts: BuildOptions) {
                 { name: "signer-keys", mountPath: SIGNER_MOUNT_PATH, readOnly: true },
                 { name: "data", mountPath: DATA_MOUNT_PATH },
                 { name: "tmp", mountPath: "/tmp" },
-                ...(fn.spec.screening ? [{ name: "screening", mountPath: SCREENING_MOUNT_PATH, readOnly: true }] : []),
+                ...(fn.spec.screening?.denyListConfigMapRef ? [{ name: "screening", mountPath: SCREENING_MOUNT_PATH, readOnly: true }] : []),
               ],
             },
           ],
@@ -231,7 +238,7 @@ export function buildDeployment(fn: FacilitatorNetwork, opts: BuildOptions) {
             fn.spec.database ? { name: "data", emptyDir: {} } : { name: "data", persistentVolumeClaim: { claimName: storeClaimName(fn) } },
             { name: "tmp", emptyDir: {} },
             // the whole volume, not a subPath: an edited ConfigMap reaches the running pod
-            ...(fn.spec.screening
+            ...(fn.spec.screening?.denyListConfigMapRef
               ? [{ name: "screening", configMap: { name: fn.spec.screening.denyListConfigMapRef.name, items: [{ key: fn.spec.screening.denyListConfigMapRef.key, path: "deny-list.txt" }] } }]
               : []),
           ],
@@ -525,9 +532,9 @@ function olderFirst(a: FacilitatorNetwork, b: FacilitatorNetwork): number {
   return ta !== tb ? (ta < tb ? -1 : 1) : na < nb ? -1 : na > nb ? 1 : 0;
 }
 
-/** The Secrets a resource references (signer keys, RPC URLs, database URL): a change to one must reach it. */
+/** The Secrets a resource references (signer keys, RPC URLs, database and screening URLs): a change to one must reach it. */
 export function referencedSecrets(fn: FacilitatorNetwork): string[] {
-  const names = [fn.spec.signerSecretRef?.name, ...(fn.spec.rpc ?? []).map((r) => r.secretKeyRef?.name), fn.spec.database?.urlSecretRef.name];
+  const names = [fn.spec.signerSecretRef?.name, ...(fn.spec.rpc ?? []).map((r) => r.secretKeyRef?.name), fn.spec.database?.urlSecretRef.name, fn.spec.screening?.service?.urlSecretRef.name];
   return [...new Set(names.filter((n): n is string => Boolean(n)))];
 }
 

@@ -115,6 +115,16 @@ export async function checkInputs(fn: FacilitatorNetwork, deps: CheckDeps): Prom
       if (!/^postgres(ql)?:\/\/\S+$/.test(value)) throw new Blocked("DatabaseSecretInvalid", `the value of Secret ${name}/${urlKey} is not a postgres:// URL`);
       hashed.push({ ref: `database:${name}/${urlKey}`, value });
     }
+    // …and the screening service's URL (it may carry a token, so it lives in a Secret)
+    const screening = fn.spec.screening?.service;
+    if (screening) {
+      const { name, key: urlKey } = screening.urlSecretRef;
+      const s = await read(name);
+      const value = s?.data[urlKey]?.trim();
+      if (value === undefined) throw new Blocked("ScreeningSecretNotFound", `screening Secret "${name}" ${s ? `has no key "${urlKey}"` : `not found in namespace ${namespace}`}`);
+      if (!isHttpUrl(value)) throw new Blocked("ScreeningSecretInvalid", `the value of Secret ${name}/${urlKey} is not an http(s) URL`);
+      hashed.push({ ref: `screening:${name}/${urlKey}`, value });
+    }
 
     // 4. every endpoint must be on the chain of `network`
     const expected = chainIdOfNetwork(fn.spec.network);

@@ -138,6 +138,17 @@ describe("the Deployment", () => {
     expect(buildDeployment(network(), OPTS).spec.template.spec.volumes.map((v) => v.name)).not.toContain("screening");
   });
 
+  it("points the pods at a screening service: its URL from the Secret, its budget, failure policy and cache; the Secret is watched", () => {
+    const fn = network({ screening: { service: { urlSecretRef: { name: "screening", key: "url" }, timeoutMs: 250, failure: "open", cacheSeconds: 30 } } });
+    const e = env(fn);
+    expect(e.X402_SCREENING_URL!.valueFrom).toEqual({ secretKeyRef: { name: "screening", key: "url" } });
+    expect([e.X402_SCREENING_TIMEOUT_MS!.value, e.X402_SCREENING_FAILURE!.value, e.X402_SCREENING_CACHE_MS!.value]).toEqual(["250", "open", "30000"]);
+    expect(e.X402_DENY_LIST_FILE).toBeUndefined(); // no deny-list named: none mounted
+    expect(buildDeployment(fn, OPTS).spec.template.spec.volumes.map((v) => v.name)).not.toContain("screening");
+    expect(referencedSecrets(fn)).toContain("screening");
+    expect(env(network()).X402_SCREENING_URL).toBeUndefined();
+  });
+
   it("defaults schemes, replicas, key name and resources, and honours image and resources overrides", () => {
     const d = buildDeployment(network(), OPTS);
     const c = d.spec.template.spec.containers[0]!;

@@ -1,8 +1,12 @@
 // Screening, judged on chain: a facilitator with a deny-list file refuses a denied payer (and a
 // denied payee) at /verify and at /settle with a clear reason, and sends nothing (its signer's nonce
 // and the receiver's balance stay); the file is edited while it runs and the change applies
-// without a restart; a broken edit keeps the last good list.
+// without a restart; a broken edit keeps the last good list. An external screening service is
+// asked within a time budget: its refusals are the same refusals, and when it does not answer a
+// fail-closed facilitator refuses (503, nothing sent) while a fail-open one lets the payment through.
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { createServer, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -94,5 +98,101 @@ describe("the deny-list", () => {
     const a = privateKeyToAccount(generatePrivateKey()).address;
     expect([...parseDenyList(`# header\n\n${a.toLowerCase()} # why\n`)]).toEqual([a]);
     expect(() => parseDenyList(`${a}\n0x1234\n`)).toThrow("deny-list line 2 is not a 0x address");
+  });
+});
+
+describe("an external screening service", () => {
+  type Seen = { network: string; scheme: string; asset: string; amount: string; payer: string; payee: string; step: string };
+  const seen: Seen[] = [];
+  let mode: "judge" | "slow" | "broken" = "judge";
+  let hook: Server;
+  let hookUrl: string;
+  const started: RunningFacilitator[] = [];
+
+  beforeAll(async () => {
+    hook = createServer((req, res) => {
+      let text = "";
+      req.on("data", (c) => (text += c));
+      req.on("end", () => {
+        const body = JSON.parse(text) as Seen;
+        seen.push(body);
+        if (mode === "broken") return void res.writeHead(500).end("oops");
+        const answer = () => {
+          const denied = body.payer.toLowerCase() === devnet.info.payers[1]!.address.toLowerCase();
+          res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(denied ? { allow: false, denied: "payer", reason: "on the OFAC list\u0007" } : { allow: true }));
+        };
+        if (mode === "slow") setTimeout(answer, 3000);
+        else answer();
+      });
+    });
+    await new Promise<void>((r) => hook.listen(0, "127.0.0.1", r));
+    hookUrl = `http://127.0.0.1:${(hook.address() as AddressInfo).port}/screen`;
+  });
+
+  afterAll(async () => {
+    for (const f of started) await f.close();
+    hook.closeAllConnections();
+    await new Promise((r) => hook.close(r));
+  });
+
+  /** A facilitator asking the hook, with its own funded key (its nonce says whether anything was sent). */
+  async function withHook(failure: "closed" | "open", cacheMs: number) {
+    const n = devnet.info.networks[0]!;
+    const key = generatePrivateKey();
+    const address = privateKeyToAccount(key).address;
+    await createTestClient({ mode: "anvil", transport: http(n.rpcUrl) }).setBalance({ address, value: 10n ** 21n });
+    const config = resolveFacilitatorConfig({ network: n.network, rpcUrls: [n.facilitatorRpcUrl], signerKeys: [key], assets: n.assets, confirmations: 1, port: 0, schemes: ["exact"], screeningUrl: hookUrl, screeningTimeoutMs: 200, screeningFailure: failure, screeningCacheMs: cacheMs });
+    const f = await startFacilitatorService(config, pino({ level: "silent" }));
+    started.push(f);
+    const state = async () => ({
+      received: await balanceOf(n.rpcUrl, n.assets.find((a) => a.transferMethods.includes("eip3009"))!.address, devnet.info.receivers[0]!.address),
+      nonce: await createPublicClient({ transport: http(n.rpcUrl) }).getTransactionCount({ address }),
+    });
+    return { url: f.url, adminUrl: f.adminUrl, state };
+  }
+
+  it("its refusal is a refusal at verify and settle (nothing sent); it is told the payment; verdicts are cached per pair", async () => {
+    writeFileSync(listFile, ""); // the deny-list of the first facilitator plays no part here
+    mode = "judge";
+    const f = await withHook("closed", 60_000);
+    const denied = devnet.info.payers[1]!.address;
+    const before = await f.state();
+    const body = await payment(1, 7000n);
+    const verify = await postJson(`${f.url}/verify`, body);
+    expect(verify.json).toEqual({ isValid: false, invalidReason: "payer_denied", invalidMessage: `the payer ${denied} was refused by the screening service: on the OFAC list`, payer: denied });
+    expect((await postJson(`${f.url}/settle`, body)).json).toMatchObject({ success: false, errorReason: "payer_denied", transaction: "" });
+    expect(await f.state()).toEqual(before);
+    const asked = seen.length;
+    expect(seen.at(-1)).toEqual({ network: "eip155:8453", scheme: "exact", asset: expect.stringMatching(/^0x/), amount: "7000", payer: denied, payee: devnet.info.receivers[0]!.address, step: "verify" });
+    expect(asked).toBe(1); // settle reused the cached verdict for the pair
+    const allowed = await postJson(`${f.url}/settle`, await payment(0, 7000n));
+    expect(allowed.json).toMatchObject({ success: true });
+    expect(await f.state()).toEqual({ received: before.received + 7000n, nonce: before.nonce + 1 });
+    expect(seen.at(-1)).toMatchObject({ payer: devnet.info.payers[0]!.address, step: "settle" });
+    const metrics = await (await fetch(`${f.adminUrl}/metrics`)).text();
+    expect(metrics).toMatch(/^x402_screening_checks_total\{[^}]*source="hook",result="denied"[^}]*\} 2$/m);
+  });
+
+  it("no verdict within the budget: fail-closed refuses with 503 and sends nothing; fail-open lets the payment through", async () => {
+    mode = "slow";
+    const closed = await withHook("closed", 0);
+    const before = await closed.state();
+    const body = await payment(0, 8000n);
+    for (const step of ["verify", "settle"]) {
+      const r = await postJson(`${closed.url}/${step}`, body);
+      expect(r.status, step).toBe(503);
+      expect(r.json.error).toMatch(/^backend_unavailable: the screening service gave no verdict \(no answer within 200 ms\); retry later$/);
+      expect(JSON.stringify(r.json)).not.toContain(hookUrl);
+    }
+    mode = "broken";
+    expect((await postJson(`${closed.url}/verify`, body)).json.error).toContain("answered HTTP 500");
+    expect(await closed.state()).toEqual(before);
+
+    mode = "slow";
+    const open = await withHook("open", 0);
+    const paid = await postJson(`${open.url}/settle`, body);
+    expect(paid.json).toMatchObject({ success: true });
+    expect((await open.state()).received).toBe(before.received + 8000n);
+    expect(await (await fetch(`${open.adminUrl}/metrics`)).text()).toMatch(/^x402_screening_checks_total\{[^}]*source="hook",result="unavailable_open"[^}]*\} 1$/m);
   });
 });

@@ -62,6 +62,8 @@ export interface FacilitatorConfig {
   allowedAssets?: `0x${string}`[];
   /** A deny-list file of payer and payee addresses (screening.ts), re-read when it changes. */
   denyListFile?: string;
+  /** An external screening service (screening-hook.ts); its URL may carry a token: never logged. */
+  screening?: { url: string; timeoutMs: number; failOpen: boolean; cacheMs: number; tokenFile?: string };
   /** The chain's fee, data-fee, finality and RPC rules: the network's defaults with the `policy` overrides. */
   policy: NetworkPolicy;
 }
@@ -84,6 +86,11 @@ const fileSchema = z
     receiverAuthorizerKeyFile: z.string(),
     receiverCredentialsFile: z.string(),
     denyListFile: z.string(),
+    screeningUrl: z.string().url().regex(/^https?:\/\//, "expected an http(s) URL"),
+    screeningTimeoutMs: z.number().int().min(10).max(10_000),
+    screeningFailure: z.enum(["closed", "open"]),
+    screeningCacheMs: z.number().int().min(0).max(86_400_000),
+    screeningTokenFile: z.string(),
     allowedAssets: z.array(z.string().regex(/^0x[0-9a-fA-F]{40}$/, "expected a 0x-prefixed 20-byte hex address")),
     schemes: z.array(z.enum(SCHEMES)).min(1),
     host: z.string(),
@@ -151,6 +158,11 @@ export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorCon
     receiverAuthorizerKeyFile: env.X402_RECEIVER_AUTHORIZER_KEY_FILE,
     receiverCredentialsFile: env.X402_RECEIVER_CREDENTIALS_FILE,
     denyListFile: env.X402_DENY_LIST_FILE || undefined,
+    screeningUrl: env.X402_SCREENING_URL || undefined,
+    screeningTimeoutMs: num(env.X402_SCREENING_TIMEOUT_MS),
+    screeningFailure: (env.X402_SCREENING_FAILURE || undefined) as "closed" | "open" | undefined,
+    screeningCacheMs: num(env.X402_SCREENING_CACHE_MS),
+    screeningTokenFile: env.X402_SCREENING_TOKEN_FILE || undefined,
     allowedAssets: list(env.X402_ASSETS),
     schemes: list(env.X402_SCHEMES) as Scheme[] | undefined,
     host: env.HOST,
@@ -241,6 +253,9 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
     receiverAuthorizerKey,
     receiverCredentialsFile: c.receiverCredentialsFile,
     denyListFile: c.denyListFile,
+    screening: c.screeningUrl
+      ? { url: c.screeningUrl, timeoutMs: c.screeningTimeoutMs ?? 300, failOpen: c.screeningFailure === "open", cacheMs: c.screeningCacheMs ?? 60_000, tokenFile: c.screeningTokenFile }
+      : undefined,
     allowedAssets: c.allowedAssets?.map((a) => getAddress(a)),
     assets: (c.assets as AssetInfo[] | undefined) ?? networkInfo(c.network)?.assets ?? [],
     policy: c.confirmations !== undefined ? { ...policy, confirmations: c.confirmations } : policy,

@@ -22,7 +22,8 @@ import { authenticateReceivers, receiversNeedingAuthorizer, type ReceiverCredent
 import type { SettleJob, SettlementCoordinator } from "./settlement/coordinator.ts";
 import type { OutboxSigner } from "./settlement/outbox-signer.ts";
 import { withDecodedReverts } from "./settlement/reverts.ts";
-import type { Screening } from "./screening.ts";
+import type { Refusal, Screening } from "./screening.ts";
+import { ScreeningUnavailableError, type ScreeningHook } from "./screening-hook.ts";
 import { SCHEME_TRANSACTION_KINDS, type GasMeter } from "./settlement/gas-meter.ts";
 
 export interface FacilitatorOptions {
@@ -45,6 +46,8 @@ export interface FacilitatorOptions {
   allowedAssets?: Address[];
   /** A deny-list of payers and payees (screening.ts), checked before any RPC call. */
   screening?: Screening;
+  /** An external screening service (screening-hook.ts), asked after the deny-list, before any RPC call. */
+  screeningHook?: ScreeningHook;
 }
 
 export interface Facilitator {
@@ -102,11 +105,25 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
     return { payload, requirements };
   }
 
-  /** Why a payment is refused before any RPC call (worthless, or screened out), or undefined. */
-  function refusalOf(payload: PaymentPayload, requirements: PaymentRequirements, step: "verify" | "settle"): { reason: string; message: string } | undefined {
+  /**
+   * Why a payment is refused before any RPC call (worthless, or screened out), or undefined. A
+   * screening service that cannot answer under fail-closed is not a verdict: 503, nothing sent.
+   */
+  async function refusalOf(payload: PaymentPayload, requirements: PaymentRequirements, step: "verify" | "settle"): Promise<{ reason: string; message: string } | undefined> {
     const worthless = worthlessReason(payload, requirements, step);
     if (worthless) return { reason: "invalid_payment_requirements", message: worthless };
-    return opts.screening?.check(payerOf(payload), requirements.payTo);
+    const listed: Refusal | undefined = opts.screening?.check(payerOf(payload), requirements.payTo);
+    if (listed) {
+      opts.metrics.screeningChecks.inc({ network: opts.network, source: "deny_list", result: "denied" });
+      return listed;
+    }
+    if (!opts.screeningHook) return undefined;
+    try {
+      return await opts.screeningHook.check({ network: opts.network, scheme: requirements.scheme, asset: requirements.asset, amount: requirements.amount, payer: payerOf(payload), payee: requirements.payTo, step });
+    } catch (e) {
+      if (e instanceof ScreeningUnavailableError) throw new RequestError("backend_unavailable", e.message);
+      throw e;
+    }
   }
 
   return {
@@ -117,9 +134,9 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       const { payload, requirements } = prepare(body);
       const labels = { network: opts.network, scheme: requirements.scheme };
       const end = opts.metrics.verifyDuration.startTimer(labels);
+      const refusal = await refusalOf(payload, requirements, "verify");
       const response = await withSpan("facilitator.verify", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: VerifyResponse;
-        const refusal = refusalOf(payload, requirements, "verify");
         const { failed, value, error } = refusal
           ? { failed: false, value: { isValid: false, invalidReason: refusal.reason, invalidMessage: refusal.message, payer: payerOf(payload) } as VerifyResponse, error: undefined }
           : await watchRpc(() =>
@@ -150,9 +167,9 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       }
       const labels = { network: opts.network, scheme: requirements.scheme };
       const end = opts.metrics.settleDuration.startTimer(labels);
+      const refusal = await refusalOf(payload, requirements, "settle");
       const response = await withSpan("facilitator.settle", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: SettleResponse;
-        const refusal = refusalOf(payload, requirements, "settle");
         const { failed, value, error } = refusal
           ? {
               failed: false,

@@ -10,9 +10,22 @@ import type { Logger } from "../platform/logger.ts";
 export const PAYER_DENIED = "payer_denied";
 export const PAYEE_DENIED = "payee_denied";
 
+export type Refusal = { reason: typeof PAYER_DENIED | typeof PAYEE_DENIED; message: string };
+
+/** What a screening service is told about a payment. */
+export interface ScreenedPayment {
+  network: string;
+  scheme: string;
+  asset: string;
+  amount: string;
+  payer: string | undefined;
+  payee: string;
+  step: "verify" | "settle";
+}
+
 export interface Screening {
   /** Why this payment is refused, or undefined. */
-  check(payer: string | undefined, payee: string): { reason: typeof PAYER_DENIED | typeof PAYEE_DENIED; message: string } | undefined;
+  check(payer: string | undefined, payee: string): Refusal | undefined;
   size(): number;
   close(): void;
 }

@@ -1,6 +1,7 @@
 // Starts one facilitator service: checks the chain, opens the settlement store, builds the signer
 // pool, mechanisms and reconciler, serves /v2 on the public port and /metrics, /healthz, /readyz
 // on the admin port.
+import { readFileSync } from "node:fs";
 import { privateKeyToAccount } from "viem/accounts";
 import { startAdminServer } from "../platform/admin.ts";
 import { createContractApp } from "../platform/http.ts";
@@ -14,6 +15,7 @@ import { SIGNER_NETWORK_MIGRATIONS, bindSignersToNetwork, refuseWellKnownKeys } 
 import { minimumSignerBalance } from "./network-policy.ts";
 import { gasPolicyOf, type FacilitatorConfig } from "./config.ts";
 import { watchDenyList } from "./screening.ts";
+import { createScreeningHook } from "./screening-hook.ts";
 import { createFacilitator, type Facilitator } from "./facilitator.ts";
 import { readReceiverCredentials } from "./receiver-auth.ts";
 import { createSettlementCoordinator } from "./settlement/coordinator.ts";
@@ -114,8 +116,22 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     onInsufficientFunds: (address) => balances.markUnfunded(address),
   });
   const screening = config.denyListFile ? watchDenyList(config.denyListFile, log) : undefined;
+  const hook = config.screening;
+  const screeningHook = hook
+    ? createScreeningHook({
+        url: hook.url,
+        timeoutMs: hook.timeoutMs,
+        failOpen: hook.failOpen,
+        cacheMs: hook.cacheMs,
+        authorization: hook.tokenFile ? `Bearer ${readFileSync(hook.tokenFile, "utf8").trim()}` : undefined,
+        network: config.network,
+        logger: log,
+        metrics,
+      })
+    : undefined;
   const facilitator = createFacilitator({
     screening,
+    screeningHook,
     network: config.network,
     signer,
     chain,

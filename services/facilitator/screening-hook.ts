@@ -1,0 +1,102 @@
+// An external screening service (a sanctions or risk API run by the platform team), asked at
+// /verify and /settle before any RPC call, within a time budget. Its answer for a (payer, payee)
+// pair is cached briefly, so a busy payer costs it one call per window. When it does not answer in
+// time, or answers nonsense, the configured policy decides: fail closed (the default: the request is
+// refused with 503 and nothing is sent; a retry may pass) or fail open (the payment proceeds, and
+// the miss is counted and logged).
+//
+// The protocol (docs/tenants.md): POST <url> with
+//   {"network", "scheme", "asset", "amount", "payer", "payee", "step": "verify" | "settle"}
+// answered 200 with {"allow": true} or {"allow": false, "denied": "payer" | "payee", "reason": "…"}.
+import { request } from "undici";
+import { getAddress } from "viem";
+import type { Logger } from "../platform/logger.ts";
+import type { Metrics } from "../platform/metrics.ts";
+import { PAYEE_DENIED, PAYER_DENIED, type Refusal, type ScreenedPayment } from "./screening.ts";
+
+export interface ScreeningHookOptions {
+  url: string;
+  /** The whole call (connect, send, answer) must fit in this. */
+  timeoutMs: number;
+  /** true: a hook that cannot answer lets the payment through; false: the request is refused. */
+  failOpen: boolean;
+  /** How long a verdict for a (payer, payee) pair is reused. */
+  cacheMs: number;
+  /** Sent as Authorization to the hook, when set (a token the platform team gave it). */
+  authorization?: string;
+  network: string;
+  logger: Logger;
+  metrics: Metrics;
+}
+
+/** The hook could not give a verdict and the policy is to fail closed: not a verdict on the payment (503). */
+export class ScreeningUnavailableError extends Error {
+  override name = "ScreeningUnavailableError";
+}
+
+type Verdict = { allow: true } | { allow: false; denied: "payer" | "payee"; reason: string };
+
+const MAX_CACHED = 50_000;
+const MAX_REASON = 200;
+
+function verdictOf(body: unknown): Verdict | undefined {
+  const b = body as { allow?: unknown; denied?: unknown; reason?: unknown } | null;
+  if (b?.allow === true) return { allow: true };
+  if (b?.allow !== false) return undefined;
+  const denied = b.denied === "payee" ? "payee" : "payer";
+  // The hook's words reach the resource server: one printable line, bounded.
+  const reason = typeof b.reason === "string" ? b.reason.replace(/[^\x20-\x7e]/g, " ").slice(0, MAX_REASON).trim() : "";
+  return { allow: false, denied, reason };
+}
+
+export function createScreeningHook(opts: ScreeningHookOptions) {
+  const cache = new Map<string, { until: number; verdict: Verdict }>();
+  const count = (result: string) => opts.metrics.screeningChecks.inc({ network: opts.network, source: "hook", result });
+
+  async function ask(payment: ScreenedPayment): Promise<Verdict> {
+    const res = await request(opts.url, {
+      method: "POST",
+      headers: { "content-type": "application/json", ...(opts.authorization ? { authorization: opts.authorization } : {}) },
+      body: JSON.stringify(payment),
+      signal: AbortSignal.timeout(opts.timeoutMs),
+      maxRedirections: 0,
+    } as Parameters<typeof request>[1]);
+    const text = await res.body.text();
+    if (res.statusCode !== 200) throw new Error(`the screening service answered HTTP ${res.statusCode}`);
+    const verdict = verdictOf(JSON.parse(text));
+    if (!verdict) throw new Error("the screening service answered without a verdict (allow: true or false)");
+    return verdict;
+  }
+
+  return {
+    async check(payment: ScreenedPayment): Promise<Refusal | undefined> {
+      const key = `${payment.payer ?? ""}|${payment.payee}`.toLowerCase();
+      const hit = cache.get(key);
+      let verdict = hit && hit.until > Date.now() ? hit.verdict : undefined;
+      if (!verdict) {
+        try {
+          verdict = await ask(payment);
+        } catch (e) {
+          // Never the URL in logs (it may carry a token); the error's type and a short line.
+          const why = (e as Error).name === "TimeoutError" || (e as Error).name === "AbortError" ? `no answer within ${opts.timeoutMs} ms` : String((e as Error).message ?? e).split("\n")[0]!.replace(/https?:\/\/\S+/g, "<screening>");
+          opts.logger.warn({ failOpen: opts.failOpen, why }, "screening service unavailable");
+          count(opts.failOpen ? "unavailable_open" : "unavailable_closed");
+          if (opts.failOpen) return undefined;
+          throw new ScreeningUnavailableError(`the screening service gave no verdict (${why}); retry later`);
+        }
+        if (cache.size >= MAX_CACHED) cache.clear();
+        cache.set(key, { until: Date.now() + opts.cacheMs, verdict });
+      }
+      count(verdict.allow ? "allowed" : "denied");
+      if (verdict.allow) return undefined;
+      const who = verdict.denied === "payer" ? payment.payer : payment.payee;
+      const address = who && /^0x[0-9a-fA-F]{40}$/.test(who) ? getAddress(who) : who;
+      return {
+        reason: verdict.denied === "payer" ? PAYER_DENIED : PAYEE_DENIED,
+        message: `the ${verdict.denied} ${address} was refused by the screening service${verdict.reason ? `: ${verdict.reason}` : ""}`,
+      };
+    },
+  };
+}
+
+export type ScreeningHook = ReturnType<typeof createScreeningHook>;
