@@ -21,7 +21,8 @@ commands:
                 --routing-table FILE --port 4020 --admin-port 9420 --host 127.0.0.1
                 (env: X402_ROUTING_TABLE, PORT, ADMIN_PORT, HOST, OTEL_EXPORTER_OTLP_ENDPOINT,
                  X402_ROUTER_API_KEYS=required with DATABASE_URL: /verify and /settle need an API key,
-                 X402_ROUTER_DISCOVERY=on with DATABASE_URL: the bazaar catalog at /v2/discovery/*)
+                 X402_ROUTER_DISCOVERY=on with DATABASE_URL: the bazaar catalog at /v2/discovery/*,
+                 X402_ROUTER_ADMIN_TOKEN_FILE: the key admin API at /admin/v1/* on the admin port)
   api-key-create   a key for a resource server (printed once; stored hashed). DATABASE_URL is the routers'.
                 --name NAME [--networks eip155:8453,eip155:56] [--schemes exact,upto]
                 [--requests-per-minute N] [--settlements-per-day N]   (enforced across router replicas)
@@ -199,6 +200,7 @@ export async function main(argv: string[]): Promise<void> {
         databaseUrl: process.env.DATABASE_URL,
         apiKeys: requireKeys,
         discovery,
+        adminTokenFile: process.env.X402_ROUTER_ADMIN_TOKEN_FILE || undefined,
         routingTablePath,
         host: values.host ?? process.env.HOST ?? "127.0.0.1",
         port: Number(port ?? 4020),

@@ -4,6 +4,8 @@
 // nothing is sent (the facilitator signer's nonce and the receiver's balance do not move). Keys
 // live hashed in the shared PostgreSQL; the CLI creates, lists, rotates and revokes them.
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { Server } from "node:http";
@@ -263,6 +265,60 @@ describe("API keys at the router", () => {
       expect((await chainState()).received).toBe(before.received + 7777n);
     } finally {
       await Promise.all(routers.map((r) => stopChild(r.child)));
+    }
+  });
+
+  it("the admin API (admin port, bootstrap token from a file) creates, lists, limits, rotates and revokes keys and reports usage", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "x402-admin-"));
+    const tokenFile = join(dir, "token");
+    writeFileSync(tokenFile, "s3cret-admin-token-0123456789\n");
+    const admin = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, apiKeys: true, adminTokenFile: tokenFile }, pino({ level: "silent" }));
+    try {
+      const call = async (method: string, path: string, body?: unknown, token = "s3cret-admin-token-0123456789") => {
+        const r = await fetch(`${admin.adminUrl}${path}`, { method, headers: { ...(token ? { authorization: `Bearer ${token}` } : {}), ...(body !== undefined ? { "content-type": "application/json" } : {}) }, body: body === undefined ? undefined : JSON.stringify(body) });
+        // eslint-disable-next-line @typescript-eslint/no-explicit-any
+        return { status: r.status, json: (await r.json()) as Record<string, any> };
+      };
+      expect(await call("GET", "/admin/v1/api-keys", undefined, "")).toEqual({ status: 401, json: { error: "unauthorized: send the admin token as Authorization: Bearer <token>" } });
+      expect((await call("GET", "/admin/v1/api-keys", undefined, "wrong-token-wrong-token")).status).toBe(401);
+      // the public port has no admin paths
+      expect((await fetch(`${admin.url.replace(/\/v2$/, "")}/admin/v1/api-keys`)).status).toBe(404);
+
+      const created = await call("POST", "/admin/v1/api-keys", { name: "api-co", networks: ["eip155:8453"], schemes: ["exact"], settlementsPerDay: 10, gasBudgets: { "eip155:8453": "1000000000000000" } });
+      expect(created.status).toBe(201);
+      const { key, apiKey } = created.json as { key: string; apiKey: { id: string } };
+      createdIds.push(apiKey.id);
+      expect(apiKey).toMatchObject({ name: "api-co", networks: ["eip155:8453"], schemes: ["exact"], settlementsPerDay: 10, requestsPerMinute: null, gasBudgets: { "eip155:8453": "1000000000000000" }, revokedAt: null });
+      // the key works at the public port
+      const net = devnet.info.networks[0]!;
+      const spec = { network: net.network, chainId: net.chainId, asset: net.assets.find((a) => a.transferMethods.includes("eip3009"))!, payerKey: devnet.info.payers[0]!.privateKey, payTo: devnet.info.receivers[0]!.address, amount: 1234n };
+      const body = serviceShape(spec, await signEip3009(spec));
+      expect((await postJson(`${admin.url}/verify`, body, { headers: { authorization: `Bearer ${key}` } })).json.isValid).toBe(true);
+
+      const listed = await call("GET", "/admin/v1/api-keys");
+      expect(JSON.stringify(listed.json)).not.toContain(secretOf(key));
+      expect((listed.json.apiKeys as { id: string }[]).map((k) => k.id)).toContain(apiKey.id);
+      expect((await call("PATCH", `/admin/v1/api-keys/${apiKey.id}`, { requestsPerMinute: 100, settlementsPerDay: null })).json.apiKey).toMatchObject({ requestsPerMinute: 100, settlementsPerDay: null });
+      expect((await call("GET", `/admin/v1/usage?keyId=${apiKey.id}`)).json.usage).toMatchObject([{ keyId: apiKey.id, verifies: 1, valid: 1 }]);
+
+      const rotated = await call("POST", `/admin/v1/api-keys/${apiKey.id}/rotate`);
+      expect(rotated.json.key).toMatch(/^x402k_/);
+      expect(await keys.authenticate(key)).toMatchObject({ ok: false, code: "api_key_invalid" });
+      expect((await call("POST", `/admin/v1/api-keys/${apiKey.id}/revoke`)).json.apiKey).toMatchObject({ revokedAt: expect.any(String) });
+      expect(await keys.authenticate(rotated.json.key)).toMatchObject({ ok: false, code: "api_key_revoked" });
+
+      // bad input: a clear code, nothing changed
+      expect(await call("POST", "/admin/v1/api-keys", { name: "x", networks: ["base"] })).toEqual({ status: 400, json: { error: "invalid_request: body.networks.0: a CAIP-2 network (eip155:<chain id>)" } });
+      expect((await call("POST", "/admin/v1/api-keys", { name: "x", admin: true })).status).toBe(400);
+      expect((await call("PATCH", `/admin/v1/api-keys/${apiKey.id}`, { gasBudgets: { "eip155:8453": "1e18" } })).json.error).toContain("wei as a decimal string");
+      expect((await call("POST", "/admin/v1/api-keys/zzz/rotate")).json.error).toBe("invalid_request: id: a key id is 16 hex characters");
+      expect((await call("POST", "/admin/v1/api-keys/0000000000000000/revoke")).status).toBe(404);
+      expect((await call("GET", "/admin/v1/usage?since=yesterday")).status).toBe(400);
+      // /metrics stays open on the admin port
+      expect((await fetch(`${admin.adminUrl}/metrics`)).status).toBe(200);
+    } finally {
+      await admin.close();
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 

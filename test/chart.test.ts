@@ -617,6 +617,16 @@ describe("the router's API keys", () => {
     const egress = (one(docs, "NetworkPolicy", "fleet-x402-fleet-router").spec as { egress: { ports: { port: number }[] }[] }).egress;
     expect(egress.flatMap((r) => r.ports.map((p) => p.port))).toContain(5432);
     expect(env.X402_ROUTER_DISCOVERY).toBeUndefined();
+    expect(env.X402_ROUTER_ADMIN_TOKEN_FILE).toBeUndefined();
+  });
+
+  it("the key admin API: the bootstrap token from a Secret, mounted read-only as a file", () => {
+    const docs = render({ values: { router: { apiKeys: { required: true, adminToken: { existingSecret: "router-admin" } }, database: { existingSecret: "fleet-db" } } } });
+    const pod = podSpec(one(docs, "Deployment", "fleet-x402-fleet-router"));
+    const env = Object.fromEntries((pod.containers[0]!.env as { name: string; value?: string }[]).map((e) => [e.name, e.value]));
+    expect(env.X402_ROUTER_ADMIN_TOKEN_FILE).toBe("/var/run/secrets/x402/router-admin/admin-token");
+    expect(pod.containers[0]!.volumeMounts).toContainEqual({ name: "admin-token", mountPath: "/var/run/secrets/x402/router-admin", readOnly: true });
+    expect(pod.volumes).toContainEqual({ name: "admin-token", secret: { secretName: "router-admin", items: [{ key: "token", path: "admin-token" }], defaultMode: 288 } });
   });
 
   it("the discovery catalog: off by default; on, the router gets X402_ROUTER_DISCOVERY=on and the shared database", () => {

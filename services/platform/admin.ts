@@ -1,6 +1,6 @@
 // The admin port of every service, apart from the public /v2 surface (the contract has no health
 // endpoint): /metrics (Prometheus), /healthz (liveness), /readyz (readiness with named checks).
-import Fastify, { type FastifyBaseLogger } from "fastify";
+import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
 import type { Registry } from "prom-client";
 import type { Logger } from "./logger.ts";
 import { resolveServerTimeouts, serverTimeoutOptions, type ServerTimeouts } from "./timeouts.ts";
@@ -21,6 +21,8 @@ export interface AdminOptions {
   checkTimeoutMs?: number;
   /** Connection bounds (slow clients); unset ones come from HTTP_*_TIMEOUT_MS or the defaults. */
   timeouts?: Partial<ServerTimeouts>;
+  /** A service's own admin routes (their own error handling: registered in a scope of their own). */
+  routes?: (app: FastifyInstance) => void;
 }
 
 export interface RunningAdmin {
@@ -47,6 +49,7 @@ export async function startAdminServer(opts: AdminOptions): Promise<RunningAdmin
     const ready = results.every(([, ok]) => ok);
     return reply.code(ready ? 200 : 503).send({ status: ready ? "ready" : "not_ready", checks: Object.fromEntries(results) });
   });
+  if (opts.routes) await app.register(async (scope) => opts.routes!(scope));
   const address = await app.listen({ host: opts.host, port: opts.port });
   return { url: address, close: () => app.close() };
 }

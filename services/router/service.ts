@@ -7,6 +7,8 @@ import { openDatabase } from "../platform/storage.ts";
 import { API_KEY_MIGRATIONS, createApiKeyStore } from "../tenants/api-keys.ts";
 import { createRouter } from "./router.ts";
 import { createRouterDiscovery } from "./discovery.ts";
+import { readAdminTokenFile } from "../platform/admin-token.ts";
+import { registerKeyAdmin } from "../tenants/admin-api.ts";
 import { DISCOVERY_MIGRATIONS, createCatalog } from "../discovery/catalog.ts";
 import { watchRoutingTable } from "./routing-table.ts";
 
@@ -27,6 +29,8 @@ export interface RouterConfig {
   apiKeys?: boolean;
   /** Catalogue paid requests' bazaar declarations in `databaseUrl` and serve GET /v2/discovery/*. */
   discovery?: boolean;
+  /** With API keys: the bootstrap admin token (a file, from a Secret) opening /admin/v1/* on the admin port. */
+  adminTokenFile?: string;
 }
 
 export interface RunningRouter {
@@ -41,6 +45,8 @@ export async function startRouterService(config: RouterConfig, logger: Logger = 
   const migrations = [...(config.apiKeys ? API_KEY_MIGRATIONS : []), ...(config.discovery ? DISCOVERY_MIGRATIONS : [])];
   const keysDb = migrations.length ? await openDatabase({ url: config.databaseUrl, migrations }) : undefined;
   const apiKeys = keysDb && config.apiKeys ? createApiKeyStore(keysDb) : undefined;
+  if (config.adminTokenFile && !apiKeys) throw new Error("router: an admin token (X402_ROUTER_ADMIN_TOKEN_FILE) manages API keys: it needs X402_ROUTER_API_KEYS=required");
+  const adminToken = config.adminTokenFile ? readAdminTokenFile(config.adminTokenFile, "router") : undefined;
   const discovery = keysDb && config.discovery ? createRouterDiscovery(createCatalog(keysDb), logger) : undefined;
   const router = createRouter({ logger, metrics, apiKeys, discovery });
   const prune = apiKeys ? setInterval(() => void apiKeys.pruneUsage().catch(() => undefined), 3_600_000) : undefined;
@@ -59,6 +65,7 @@ export async function startRouterService(config: RouterConfig, logger: Logger = 
     registry: metrics.registry,
     logger,
     checks: [{ name: "routing_table_loaded", check: async () => source.current() !== undefined }],
+    routes: apiKeys && adminToken ? (scope) => registerKeyAdmin(scope, { keys: apiKeys, token: adminToken }) : undefined,
   });
   const address = await app.listen({ host: config.host, port: config.port });
   logger.info({ url: `${address}/v2`, admin: admin.url, table: config.routingTablePath, apiKeys: apiKeys ? "required" : "off", discovery: discovery ? "on" : "off" }, "router listening");

@@ -6,7 +6,6 @@
 // The key id is public (it names the key in listings and audit records); the secret has 256 bits
 // of entropy, so a fast digest is enough: nothing to brute-force.
 import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
-import { readFileSync } from "node:fs";
 import { WalletError } from "./errors.ts";
 
 const TOKEN_PATTERN = /^x402w_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$/;
@@ -59,22 +58,4 @@ export function unauthorized(detail: string): WalletError {
 }
 
 /** The operator's token: compared by digest, in constant time. */
-export interface AdminToken {
-  matches(token: string): boolean;
-}
-
-export function adminTokenFrom(secret: string): AdminToken {
-  const expected = createHash("sha256").update(secret, "utf8").digest();
-  if (secret.length < 16) throw new Error("wallets: the admin token must be at least 16 characters");
-  return { matches: (token) => timingSafeEqual(createHash("sha256").update(token, "utf8").digest(), expected) };
-}
-
-export function readAdminTokenFile(path: string): AdminToken {
-  let text: string;
-  try {
-    text = readFileSync(path, "utf8");
-  } catch (e) {
-    throw new Error(`wallets: admin token file ${path} cannot be read (${(e as NodeJS.ErrnoException).code ?? "error"})`);
-  }
-  return adminTokenFrom(text.trim());
-}
+export type { AdminToken } from "../platform/admin-token.ts";

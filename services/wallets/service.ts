@@ -11,7 +11,7 @@ import { describeDatabase, migrate, openDatabase, type Database } from "../platf
 import type { Caip2 } from "../x402/networks.ts";
 import { createWalletsApp, DEFAULT_MAX_AUTHORIZATION_SECONDS, DEFAULT_WALLETS_BODY_LIMIT } from "./app.ts";
 import { createChainAccess } from "./chain.ts";
-import { adminTokenFrom, readAdminTokenFile } from "./credentials.ts";
+import { adminTokenFrom, readAdminTokenFile } from "../platform/admin-token.ts";
 import { createFetcher } from "./fetcher.ts";
 import { openKeyringSource, type Keyring } from "./keyring.ts";
 import { checkFingerprints, createRotator, type RotationResult } from "./rotation.ts";
@@ -73,7 +73,7 @@ export interface RunningWallets {
 export async function startWalletsService(opts: WalletsServiceOptions = {}): Promise<RunningWallets> {
   const logger = opts.logger ?? createLogger("wallets");
   const now = opts.now ?? Date.now;
-  const adminToken = opts.adminToken !== undefined ? adminTokenFrom(opts.adminToken) : opts.adminTokenFile ? readAdminTokenFile(opts.adminTokenFile) : undefined;
+  const adminToken = opts.adminToken !== undefined ? adminTokenFrom(opts.adminToken, "wallets") : opts.adminTokenFile ? readAdminTokenFile(opts.adminTokenFile, "wallets") : undefined;
   let db: Database;
   if (opts.db) {
     db = opts.db;
