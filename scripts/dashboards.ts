@@ -468,7 +468,61 @@ export function operator() {
   });
 }
 
-export const DASHBOARDS: Record<string, () => object> = { overview, settlement, rpc, operator };
+export function tenants() {
+  const K = `network=~"$network", key=~"$key"`;
+  return dashboard({
+    uid: "x402-fleet-tenants",
+    title: "x402-fleet / Tenants",
+    description: "Resource servers calling the router with API keys (docs/tenants.md): their requests, refusals and the gas their settlements cost, per key id.",
+    variables: [variable("network", "Network", "label_values(x402_tenant_requests_total, network)"), variable("key", "API key", "label_values(x402_tenant_requests_total, key)")],
+    rows: [
+      {
+        row: "Requests per key",
+        panels: [
+          {
+            title: "Keyed requests",
+            description: "/verify and /settle calls a facilitator answered, per key id and action.",
+            unit: "reqps",
+            stack: true,
+            targets: [{ expr: `sum by (key, action) (rate(x402_tenant_requests_total{${K}}[${RATE}]))`, legend: "{{key}} {{action}}" }],
+          },
+          {
+            title: "Refusals per key",
+            description: "Calls refused: invalid or failed payments (refused) and settlements refused before forwarding because the key's gas budget was spent (gas_budget_exhausted).",
+            unit: "reqps",
+            stack: true,
+            targets: [{ expr: `sum by (key, result) (rate(x402_tenant_requests_total{${K}, result!="ok"}[${RATE}]))`, legend: "{{key}} {{result}}" }],
+          },
+          {
+            title: "Settled per key",
+            description: "Successful settlements per key over the dashboard's range (for billing, `x402-fleet api-key-usage` has the volume per asset).",
+            type: "table",
+            targets: [{ expr: `sum by (key, network) (increase(x402_tenant_requests_total{${K}, action="settle", result="ok"}[$__range]))`, instant: true }],
+          },
+        ],
+      },
+      {
+        row: "Gas per key",
+        panels: [
+          {
+            title: "Gas charged per key",
+            description: "Gas charged to each key's budget over the dashboard's range, in whole coins (wei / 1e18): the receipts' cost, a settlement's whole reservation while its cost is unknown.",
+            type: "table",
+            targets: [{ expr: `sum by (key, network) (increase(x402_tenant_gas_spent_wei_total{${K}}[$__range])) / 1e18`, instant: true }],
+          },
+          {
+            title: "Gas spend rate per key",
+            description: "Gas charged per second, in whole coins (wei / 1e18), per key and network.",
+            unit: "none",
+            targets: [{ expr: `sum by (key, network) (rate(x402_tenant_gas_spent_wei_total{${K}}[${RATE}])) / 1e18`, legend: "{{key}} {{network}}" }],
+          },
+        ],
+      },
+    ],
+  });
+}
+
+export const DASHBOARDS: Record<string, () => object> = { overview, settlement, rpc, operator, tenants };
 
 export function renderDashboard(name: string): string {
   return `${JSON.stringify(DASHBOARDS[name]!(), null, 2)}\n`;

@@ -1,4 +1,5 @@
-// The chart against running services: the router, the facilitator and the wallet service of a
+// The chart against running services: the router (requiring API keys, so the tenant view has its
+// series), the facilitator and the wallet service of a
 // real devnet after real payments (a settled one, refused ones), a hub, and the real operator
 // (operator/, through its own admin server) reconciling FacilitatorNetworks against a real control
 // plane (test/helpers/control-plane.ts; pods Ready through a kwok node).
@@ -15,6 +16,10 @@ import { startAdminServer, type RunningAdmin } from "../services/platform/admin.
 import { createMetrics } from "../services/platform/metrics.ts";
 import { startHubService, type RunningHub } from "../services/hub/service.ts";
 import { startOperator, type RunningOperator } from "../operator/operator.ts";
+import { startRouterService, type RunningRouter } from "../services/router/service.ts";
+import { openDatabase, type Database } from "../services/platform/storage.ts";
+import { API_KEY_MIGRATIONS, createApiKeyStore } from "../services/tenants/api-keys.ts";
+import { PG_URL } from "./helpers/hub.ts";
 import { startTestDevnet } from "./helpers/devnet.ts";
 import { postJson, serviceShape, signEip3009, signPermit2 } from "./helpers/payments.ts";
 import { CHART, one, render, type Doc } from "./helpers/helm.ts";
@@ -33,6 +38,10 @@ let hub: RunningHub | undefined;
 let proxy: ApiProxy | undefined;
 let operator: RunningOperator | undefined;
 let operatorAdmin: RunningAdmin | undefined;
+let keyed: RunningRouter | undefined;
+let keysDb: Database | undefined;
+let keyId: string | undefined;
+let routerPost: ((action: string, body: unknown) => ReturnType<typeof postJson>) | undefined;
 let docs: Doc[];
 const metrics: Record<string, string> = {};
 /** The admin URL (/metrics) of each running service, by the `service` label its series carry. */
@@ -41,29 +50,38 @@ const adminUrls: Record<string, string> = {};
 const metricsText = async (adminUrl: string) => (await fetch(`${adminUrl}/metrics`)).text();
 const has = (text: string, needle: RegExp) => text.split("\n").some((l) => needle.test(l));
 
-/** The devnet: a settled payment, a refused verify, a refused settle, one whose gas estimate reverts. */
+/**
+ * The devnet, behind a router that requires API keys (the tenant view's series): a settled
+ * payment, a refused verify, a refused settle, one whose gas estimate reverts.
+ */
 async function payOnDevnet() {
   const d = (devnet = await startTestDevnet(["eip155:8453"]));
+  keysDb = await openDatabase({ url: PG_URL, migrations: API_KEY_MIGRATIONS });
+  const tenant = await createApiKeyStore(keysDb).create("chart-runtime", { gasBudgets: { "eip155:8453": "1000000000000000000" } });
+  keyId = tenant.info.id;
+  keyed = await startRouterService({ routingTablePath: join(d.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, apiKeys: true }, silent);
+  const post = (action: string, body: unknown) => postJson(`${keyed!.url}/${action}`, body, { headers: { authorization: `Bearer ${tenant.key}` } });
+  routerPost = post;
   const net = d.info.networks[0]!;
   const asset = net.assets.find((a) => a.transferMethods.includes("eip3009"))!;
   const spec = { network: net.network, chainId: net.chainId, asset, payerKey: d.info.payers[0]!.privateKey, payTo: d.info.receivers[0]!.address, amount: 4242n };
   const ok = serviceShape(spec, await signEip3009(spec));
-  expect((await postJson(`${d.info.routerUrl}/verify`, ok)).json.isValid).toBe(true);
-  expect((await postJson(`${d.info.routerUrl}/settle`, ok)).json.success).toBe(true);
+  expect((await post("verify", ok)).json.isValid).toBe(true);
+  expect((await post("settle", ok)).json.success).toBe(true);
   const expired = serviceShape(spec, await signEip3009({ ...spec, auth: { validBefore: 1n } }));
-  expect((await postJson(`${d.info.routerUrl}/verify`, expired)).json.isValid).toBe(false);
-  expect((await postJson(`${d.info.routerUrl}/settle`, expired)).json.success).toBe(false);
+  expect((await post("verify", expired)).json.isValid).toBe(false);
+  expect((await post("settle", expired)).json.success).toBe(false);
   // Permit2 from the payer that never approved it: the settlement's gas estimate reverts (a JSON-RPC error answer)
   const permit2 = net.assets.find((a) => a.transferMethods.includes("permit2"))!;
   const unapproved = { ...spec, asset: permit2, payerKey: d.info.payers[1]!.privateKey };
-  expect((await postJson(`${d.info.routerUrl}/settle`, serviceShape(unapproved, await signPermit2(unapproved)))).json.success).toBe(false);
+  expect((await post("settle", serviceShape(unapproved, await signPermit2(unapproved)))).json.success).toBe(false);
   // the settlement engine's reconciler exports the outbox gauges on its next pass (every second)
   metrics.facilitator = await until(async () => {
     const t = await metricsText(net.adminUrl);
     return has(t, /^x402_settlement_outbox\{.*state="confirmed".*\} 1$/) ? t : undefined;
   }, "the outbox gauges", 15_000);
-  metrics.router = await metricsText(d.info.routerAdminUrl);
-  Object.assign(adminUrls, { facilitator: net.adminUrl, router: d.info.routerAdminUrl, wallets: d.info.walletsAdminUrl! });
+  metrics.router = await metricsText(keyed.adminUrl);
+  Object.assign(adminUrls, { facilitator: net.adminUrl, router: keyed.adminUrl, wallets: d.info.walletsAdminUrl! });
   // the devnet's wallet service: a wallet created (a data key wrapped by the master key)
   const created = await fetch(`${d.info.walletsUrl}/v1/wallets`, {
     method: "POST",
@@ -152,13 +170,16 @@ afterAll(async () => {
   await operatorAdmin?.close();
   await proxy?.close();
   await hub?.close();
+  await keyed?.close();
+  if (keyId) for (const table of ["tenant_api_keys", "tenant_usage", "tenant_quota_usage", "tenant_gas_budget_usage"]) await keysDb?.query(`DELETE FROM ${table} WHERE ${table === "tenant_api_keys" ? "id" : "key_id"} = $1`, [keyId]);
+  await keysDb?.close();
   await devnet?.stop();
 });
 
 /** Every PromQL query of the dashboards (panels and template variables) and of the alerts. */
 function queries(): Query[] {
   const out: Query[] = [];
-  for (const name of ["overview", "settlement", "rpc", "operator"]) {
+  for (const name of ["overview", "settlement", "rpc", "operator", "tenants"]) {
     const dashboard = JSON.parse(readFileSync(join(CHART, "dashboards", `${name}.json`), "utf8")) as {
       panels: { title: string; targets?: { expr: string }[]; panels?: unknown[] }[];
       templating: { list: { name: string; query?: string | { query: string } }[] };
@@ -238,10 +259,10 @@ describeWithPrometheus("the dashboards and alerts on a real Prometheus scraping 
     const asset = net.assets.find((a) => a.transferMethods.includes("eip3009"))!;
     const spec = { network: net.network, chainId: net.chainId, asset, payerKey: d.info.payers[0]!.privateKey, payTo: d.info.receivers[0]!.address, amount: 777n };
     const body = serviceShape(spec, await signEip3009(spec));
-    expect((await postJson(`${d.info.routerUrl}/verify`, body)).json.isValid).toBe(true);
-    expect((await postJson(`${d.info.routerUrl}/settle`, body)).json.success).toBe(true);
+    expect((await routerPost!("verify", body)).json.isValid).toBe(true);
+    expect((await routerPost!("settle", body)).json.success).toBe(true);
     const expired = serviceShape(spec, await signEip3009({ ...spec, auth: { validBefore: 1n } }));
-    expect((await postJson(`${d.info.routerUrl}/settle`, expired)).json.success).toBe(false);
+    expect((await routerPost!("settle", expired)).json.success).toBe(false);
     expect((await fetch(`${hub!.url}/api/info`)).status).toBe(200);
     expect((await fetch(`${d.info.walletsUrl}/v1/info`)).status).toBe(200);
     // every target scraped again after the traffic (each has its own offset in the interval)

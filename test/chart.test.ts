@@ -503,7 +503,7 @@ describe("monitoring", () => {
 describe("Grafana dashboards", () => {
   it("are ConfigMaps labelled grafana_dashboard=\"1\", one per dashboard, each holding the JSON of charts/x402-fleet/dashboards/", () => {
     const cms = find(docsOf("defaults"), "ConfigMap").filter((c) => c.metadata.labels?.grafana_dashboard === "1");
-    expect(cms.map((c) => c.metadata.name).sort()).toEqual(["operator", "overview", "rpc", "settlement"].map((n) => `fleet-x402-fleet-dashboard-${n}`));
+    expect(cms.map((c) => c.metadata.name).sort()).toEqual(["operator", "overview", "rpc", "settlement", "tenants"].map((n) => `fleet-x402-fleet-dashboard-${n}`));
     for (const cm of cms) {
       const [key, json] = Object.entries(cm.data as Record<string, string>)[0]!;
       expect(json).toBe(readFileSync(join(CHART, "dashboards", key), "utf8").replace(/\n$/, ""));
@@ -512,7 +512,7 @@ describe("Grafana dashboards", () => {
       expect(dashboard.panels.length).toBeGreaterThan(3);
     }
     const custom = render({ values: { dashboards: { label: "grafana.io/dashboard", labelValue: "x402" } } });
-    expect(find(custom, "ConfigMap").filter((c) => c.metadata.labels?.["grafana.io/dashboard"] === "x402").length).toBe(4);
+    expect(find(custom, "ConfigMap").filter((c) => c.metadata.labels?.["grafana.io/dashboard"] === "x402").length).toBe(cms.length);
     expect(find(render({ values: { dashboards: { enabled: false } } }), "ConfigMap")).toEqual([]);
   });
 });
@@ -528,7 +528,7 @@ describe("dashboards and alerts, statically", () => {
 
   it("the dashboard JSON files are what scripts/dashboards.ts writes (run `npx tsx scripts/dashboards.ts` after editing it)", () => {
     for (const name of Object.keys(DASHBOARDS)) expect(readFileSync(join(CHART, "dashboards", `${name}.json`), "utf8"), name).toBe(renderDashboard(name));
-    expect(Object.keys(DASHBOARDS).sort()).toEqual(["operator", "overview", "rpc", "settlement"]);
+    expect(Object.keys(DASHBOARDS).sort()).toEqual(["operator", "overview", "rpc", "settlement", "tenants"]);
   });
 
   it("are well-formed Grafana dashboards: a Prometheus data source variable, unique ids, panels on the 24-column grid without overlaps", () => {
@@ -567,7 +567,7 @@ describe("dashboards and alerts, statically", () => {
       "x402_verify_total", "x402_settle_total", "x402_verify_duration_seconds", "x402_settle_duration_seconds", "x402_settlement_outbox",
       "x402_settlement_pending_age_seconds", "x402_signer_balance_wei", "x402_signer_pending_transactions", "x402_settlement_gas_spent_wei",
       "x402_rpc_requests_total", "x402_rpc_request_duration_seconds", "x402_operator_reconcile_total", "x402_operator_reconcile_duration_seconds",
-      "x402_operator_networks", "x402_router_backend_up", "x402_http_requests_total",
+      "x402_operator_networks", "x402_router_backend_up", "x402_http_requests_total", "x402_tenant_requests_total", "x402_tenant_gas_spent_wei_total",
     ]) expect(named.has(family), family).toBe(true);
   });
 
