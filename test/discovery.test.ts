@@ -76,6 +76,7 @@ describe("the discovery catalog (bazaar)", () => {
     });
     const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/weather?city=Paris`;
 
+    expect((await postJson(`${router.url}/supported`, undefined, { method: "GET" })).json.extensions).toContain("bazaar");
     expect((await bazaar().listResources({ payTo: payTo(), type: "http" })).items.filter((i) => i.resource.includes(run))).toEqual([]);
     const usdc = devnet.info.networks[0]!.assets.find((a) => a.transferMethods.includes("eip3009"))!;
     const before = await balanceOf(devnet.info.networks[0]!.rpcUrl, usdc.address, payTo());

@@ -340,7 +340,7 @@ describe("the routing table", () => {
       url: "http://base-facilitator.payments.svc.cluster.local:4021/v2",
       kinds: [{ x402Version: 2, scheme: "exact", network: "eip155:8453" }],
       signers: ["0x70997970C51812dc3A010C7d01b50e0d17dc79C8"],
-      extensions: ["eip2612GasSponsoring"], // what the served exact scheme supports
+      extensions: ["eip2612GasSponsoring", "payment-identifier"], // what the served exact scheme supports, and idempotency ids
     });
     const cm = buildRoutingConfigMap(table, { name: "x402-fleet-routing", namespace: "x402-system" });
     new ConfigMap(cm as never).validate();

@@ -178,7 +178,7 @@ describeWithControlPlane("the operator on kube-apiserver", { controllers: true, 
       await until(async () => (await c.eventsFor(NS, "base")).find((e) => e.type === "Warning" && e.reason === "ChainChecksFailed"), "the ChainChecksFailed event");
 
       const table = await routingTable(w);
-      expect(table.backends).toEqual([{ network: "eip155:8453", url: fn.status!.url, kinds: fn.status!.kinds, signers: fn.status!.signers, extensions: ["eip2612GasSponsoring"] }]);
+      expect(table.backends).toEqual([{ network: "eip155:8453", url: fn.status!.url, kinds: fn.status!.kinds, signers: fn.status!.signers, extensions: ["eip2612GasSponsoring", "payment-identifier"] }]);
       const events = await c.eventsFor(NS, "base");
       expect(events).toContainEqual(expect.objectContaining({ type: "Normal", reason: "Ready", reportingInstance: "op-0" }));
 

@@ -75,6 +75,7 @@ export interface Catalog {
 }
 
 export const MAX_PAGE = 100;
+const MAX_CURSOR_OFFSET = 1_000_000;
 const MAX_ACCEPTS = 16;
 const MAX_TEXT = 512;
 /** The echoed extensions of one resource, serialised; a bigger declaration is refused, not truncated. */
@@ -143,7 +144,7 @@ function offsetOf(cursor: string | undefined): number {
   if (!cursor) return 0;
   try {
     const o = (JSON.parse(Buffer.from(cursor, "base64url").toString("utf8")) as { o?: unknown }).o;
-    return typeof o === "number" && Number.isSafeInteger(o) && o >= 0 ? o : 0;
+    return typeof o === "number" && Number.isSafeInteger(o) && o >= 0 && o <= MAX_CURSOR_OFFSET ? o : 0;
   } catch {
     return 0;
   }

@@ -25,6 +25,7 @@ import { withDecodedReverts } from "./settlement/reverts.ts";
 import type { Refusal, Screening } from "./screening.ts";
 import { ScreeningUnavailableError, type ScreeningHook } from "./screening-hook.ts";
 import { SCHEME_TRANSACTION_KINDS, type GasMeter } from "./settlement/gas-meter.ts";
+import { extractAndValidatePaymentIdentifier } from "@x402/extensions/payment-identifier";
 
 export interface FacilitatorOptions {
   network: Caip2;
@@ -106,6 +107,20 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
   }
 
   /**
+   * The payment-identifier extension (an idempotency id): malformed → 400; bound to another payment
+   * → 409 and nothing is sent. /settle binds it to this payment, /verify only reads.
+   */
+  async function checkIdentifier(payload: PaymentPayload, requirements: PaymentRequirements, step: "verify" | "settle"): Promise<string | undefined> {
+    if (!payload.extensions || !("payment-identifier" in payload.extensions)) return undefined;
+    const { id, validation } = extractAndValidatePaymentIdentifier(payload);
+    if (!validation.valid) throw new RequestError("invalid_payload", `paymentPayload.extensions.payment-identifier: ${(validation.errors ?? ["invalid"]).join("; ")}`);
+    if (id && (await opts.coordinator.identifierConflict(id, payload, requirements, step))) {
+      throw new RequestError("payment_identifier_conflict", `payment identifier ${id} was already used for a different payment; a new payment needs a new id`);
+    }
+    return id ?? undefined;
+  }
+
+  /**
    * Why a payment is refused before any RPC call (worthless, or screened out), or undefined. A
    * screening service that cannot answer under fail-closed is not a verdict: 503, nothing sent.
    */
@@ -134,6 +149,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       const { payload, requirements } = prepare(body);
       const labels = { network: opts.network, scheme: requirements.scheme };
       const end = opts.metrics.verifyDuration.startTimer(labels);
+      await checkIdentifier(payload, requirements, "verify");
       const refusal = await refusalOf(payload, requirements, "verify");
       const response = await withSpan("facilitator.verify", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: VerifyResponse;
@@ -167,6 +183,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       }
       const labels = { network: opts.network, scheme: requirements.scheme };
       const end = opts.metrics.settleDuration.startTimer(labels);
+      const clientId = await checkIdentifier(payload, requirements, "settle");
       const refusal = await refusalOf(payload, requirements, "settle");
       const response = await withSpan("facilitator.settle", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: SettleResponse;
@@ -179,6 +196,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
           : await watchRpc(() =>
               opts.coordinator.settle({
                 ...settleJobOf(payload, requirements),
+                clientId,
                 gas,
                 run: () => withAssetCode(opts.signer, requirements, () => withDecodedReverts(() => core.settle(payload, requirements))),
               }),

@@ -61,7 +61,8 @@ export function createRouter(opts: RouterOptions): Router {
     const signers = [...new Set(table.backends.flatMap((b) => b.signers))];
     supported = {
       kinds: table.backends.flatMap((b) => b.kinds),
-      extensions: [...new Set(table.backends.flatMap((b) => b.extensions))],
+      // The catalog is the router's own: advertised when it serves /v2/discovery/*.
+      extensions: [...new Set([...table.backends.flatMap((b) => b.extensions), ...(opts.discovery ? ["bazaar"] : [])])],
       signers: signers.length ? { "eip155:*": signers } : {},
     };
   }

@@ -25,6 +25,7 @@ export type RequestErrorCode =
   | "api_key_out_of_scope"
   | "quota_exceeded"
   | "gas_budget_exhausted"
+  | "payment_identifier_conflict"
   | "internal_error";
 
 const STATUS: Record<RequestErrorCode, number> = {
@@ -50,6 +51,7 @@ const STATUS: Record<RequestErrorCode, number> = {
   api_key_out_of_scope: 403,
   quota_exceeded: 429,
   gas_budget_exhausted: 429,
+  payment_identifier_conflict: 409,
   internal_error: 500,
 };
 

@@ -36,6 +36,8 @@ export interface SettleJob {
   extra?: Record<string, unknown>;
   /** A request with no replay identity (a batch sweep): its own id, so repeats are new settlements. */
   unique?: boolean;
+  /** The client's payment identifier (payment-identifier extension): a retried unique request is the same settlement. */
+  clientId?: string;
   /** The reference reason for an identity (nonce) that another payment already holds. */
   reusedReason: string;
   /** What the payment takes from its payer: reserved while in flight, so payments sharing a balance never overdraw it. */
@@ -165,13 +167,26 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
     }
   }
 
+  /** Whether a client's payment identifier already names another payment (see identifierConflict). */
+  const conflicts = (bound: { paymentId: string; digest: string } | undefined, id: string, digest: string) => bound !== undefined && (bound.paymentId !== id || bound.digest !== digest);
+
   return {
     processId,
+    /**
+     * The payment-identifier extension: at /settle the identifier is bound to this payment (first
+     * come); at /verify it is only read. True when it belongs to a different payment.
+     */
+    async identifierConflict(identifier: string, payload: PaymentPayload, requirements: PaymentRequirements, step: "verify" | "settle"): Promise<boolean> {
+      const { id } = paymentIdentity(payload, requirements);
+      const digest = paymentDigest(payload, requirements);
+      const bound = step === "settle" ? await store.bindIdentifier(identifier, id, digest) : await store.identifierBinding(identifier);
+      return conflicts(bound, id, digest);
+    },
     async settle(job: SettleJob): Promise<SettleResponse> {
       const identity = paymentIdentity(job.payload, job.requirements);
       const digest = paymentDigest(job.payload, job.requirements);
       const { payer } = identity;
-      const id = job.unique ? `${identity.id}:${randomUUID()}` : identity.id;
+      const id = job.unique ? `${identity.id}:${job.clientId ?? randomUUID()}` : identity.id;
       const extra = job.extra ?? {};
       const deadline = Date.now() + opts.waitBoundMs;
       const owner = `${processId}:${randomUUID()}`;

@@ -91,6 +91,20 @@ ALTER TABLE settlement_payments ADD COLUMN reserved_payer text;
 DROP INDEX settlement_payments_in_flight;
 CREATE INDEX settlement_payments_in_flight ON settlement_payments (network, asset, reserved_payer) WHERE reserved IS NOT NULL AND state IN ('claimed', 'pending')`,
   },
+  {
+    // The payment-identifier extension: a client's idempotency id, bound at /settle to the payment
+    // (its identity and digest) it first came with; the same id on another payment is a conflict.
+    id: "settlement/005_payment_identifiers",
+    sql: `
+CREATE TABLE settlement_payment_identifiers (
+  network text NOT NULL,
+  identifier text NOT NULL,
+  payment_id text NOT NULL,
+  digest text NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (network, identifier)
+)`,
+  },
 ];
 
 export type PaymentState = "claimed" | "pending" | "succeeded" | "failed";
@@ -238,6 +252,26 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
         await tx.query(`UPDATE settlement_payments SET asset = $3, reserved_payer = $4, reserved = $5 WHERE network = $1 AND payment_id = $2 AND owner = $6`, [network, paymentId, asset, payer, amount.toString(), owner]);
         return { reserved: true };
       });
+    },
+
+    /**
+     * Binds a client's payment identifier to this payment, unless it is bound already; returns the
+     * payment it is bound to (this one, or the one that came first).
+     */
+    async bindIdentifier(identifier: string, paymentId: string, digest: string): Promise<{ paymentId: string; digest: string }> {
+      const [row] = await db.query<{ payment_id: string; digest: string }>(
+        `INSERT INTO settlement_payment_identifiers (network, identifier, payment_id, digest) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (network, identifier) DO UPDATE SET identifier = EXCLUDED.identifier
+         RETURNING payment_id, digest`,
+        [network, identifier, paymentId, digest],
+      );
+      return { paymentId: row!.payment_id, digest: row!.digest };
+    },
+
+    /** The payment a client's identifier is bound to, if any (read-only: /verify). */
+    async identifierBinding(identifier: string): Promise<{ paymentId: string; digest: string } | undefined> {
+      const [row] = await db.query<{ payment_id: string; digest: string }>("SELECT payment_id, digest FROM settlement_payment_identifiers WHERE network = $1 AND identifier = $2", [network, identifier]);
+      return row && { paymentId: row.payment_id, digest: row.digest };
     },
 
     async payment(paymentId: string): Promise<PaymentRow | undefined> {
