@@ -5,10 +5,14 @@
 // Everything is sent concurrently with explicit nonces and gas, so one chain takes a few hundred ms.
 import {
   createClient,
+  encodeAbiParameters,
   encodeFunctionData,
+  getAddress,
+  getContractAddress,
   http,
   maxUint256,
   numberToHex,
+  pad,
   type Abi,
   type Address,
   type Hex,
@@ -29,6 +33,8 @@ export const UPTO_PERMIT2_PROXY_ADDRESS: Address = "0x4020A4f3b7b90ccA423B9fabCc
 export const BATCH_SETTLEMENT_ADDRESS: Address = "0x4020074e9dF2ce1deE5A9C1b5c3f541D02a10003";
 export const ERC3009_DEPOSIT_COLLECTOR_ADDRESS: Address = "0x4020806089470a89826cB9fB1f4059150b550004";
 export const PERMIT2_DEPOSIT_COLLECTOR_ADDRESS: Address = "0x4020425FAf3B746C082C2f942b4E5159887B0005";
+/** Our smart-wallet factory (DevnetSmartWallet.sol): the one ERC-6492 factory the devnet facilitators allow. */
+export const SMART_WALLET_FACTORY_ADDRESS: Address = getAddress("0x4020000000000000000000000000000000006492");
 
 /**
  * Our devnet stand-ins (compiled contract name) and the canonical address setupDevnetChain places
@@ -41,7 +47,38 @@ export const DEVNET_CANONICAL_CONTRACTS: readonly { contract: string; address: A
   { contract: "DevnetBatchSettlement", address: BATCH_SETTLEMENT_ADDRESS },
   { contract: "DevnetERC3009DepositCollector", address: ERC3009_DEPOSIT_COLLECTOR_ADDRESS },
   { contract: "DevnetPermit2DepositCollector", address: PERMIT2_DEPOSIT_COLLECTOR_ADDRESS },
+  { contract: "DevnetSmartWalletFactory", address: SMART_WALLET_FACTORY_ADDRESS },
 ];
+
+/** The devnet's two smart wallets of one owner: salt 0 deployed (ERC-1271), salt 1 left counterfactual (ERC-6492). */
+export const SMART_WALLET_SALTS = { deployed: pad("0x00"), counterfactual: pad("0x01") } as const;
+
+export interface SmartWallets {
+  owner: Address;
+  factory: Address;
+  /** Deployed at setup, funded and approved for Permit2 on every asset. */
+  deployed: Address;
+  /** Funded, never deployed: it pays with ERC-6492 signatures; a settlement deploys it. */
+  counterfactual: Address;
+  /** What the factory is called with to deploy the counterfactual wallet (its ERC-6492 wrapper carries it). */
+  counterfactualFactoryCalldata: Hex;
+}
+
+/** The owner's wallet addresses (CREATE2 through our factory) and the factory call of the counterfactual one. */
+export async function smartWalletsOf(owner: Address): Promise<SmartWallets> {
+  const contracts = await compileDevnetContracts();
+  const wallet = devnetContract(contracts, "DevnetSmartWallet");
+  const factory = devnetContract(contracts, "DevnetSmartWalletFactory");
+  const initCode = `${wallet.bytecode}${encodeAbiParameters([{ type: "address" }], [owner]).slice(2)}` as Hex;
+  const at = (salt: Hex) => getContractAddress({ opcode: "CREATE2", from: SMART_WALLET_FACTORY_ADDRESS, salt, bytecode: initCode });
+  return {
+    owner,
+    factory: SMART_WALLET_FACTORY_ADDRESS,
+    deployed: at(SMART_WALLET_SALTS.deployed),
+    counterfactual: at(SMART_WALLET_SALTS.counterfactual),
+    counterfactualFactoryCalldata: encodeFunctionData({ abi: factory.abi, functionName: "createWallet", args: [owner, SMART_WALLET_SALTS.counterfactual] }),
+  };
+}
 
 /** Batch-settlement withdraw delay bounds enforced on chain (seconds): 15 minutes to 30 days. */
 export const BATCH_SETTLEMENT_MIN_WITHDRAW_DELAY = 900;
@@ -62,6 +99,8 @@ export interface SetupDevnetChainOptions {
   payers: readonly DevnetPayer[];
   /** Token amount (base units) minted to each payer; default 1,000,000 whole tokens. */
   payerTokenAmount?: (asset: AssetInfo) => bigint;
+  /** A payer (one of `payers`, Permit2-approved) whose smart wallets (smartWalletsOf) are set up too. */
+  smartWalletOwner?: Hex;
   /** OP Stack chains (Base): the L1 data fee the stand-in GasPriceOracle quotes for any transaction; default 1 gwei. */
   l1DataFeeWei?: bigint;
 }
@@ -86,6 +125,7 @@ export function defaultPayerTokenAmount(asset: AssetInfo): bigint {
 const INITIALIZE_GAS = 400_000n;
 const MINT_GAS = 120_000n;
 const APPROVE_GAS = 100_000n;
+const WALLET_DEPLOY_GAS = 400_000n;
 const RECEIPT_TIMEOUT_MS = 30_000;
 
 type Rpc = <T = unknown>(method: string, params?: unknown[]) => Promise<T>;
@@ -141,6 +181,10 @@ export async function setupDevnetChain(opts: SetupDevnetChainOptions): Promise<v
   const payers = opts.payers.map((p) => ({ ...p, account: privateKeyToAccount(p.privateKey) }));
 
   const [contracts, reportedChainId] = await Promise.all([compileDevnetContracts(), rpc<Hex>("eth_chainId")]);
+  const owner = opts.smartWalletOwner ? payers.find((p) => p.privateKey === opts.smartWalletOwner) : undefined;
+  if (opts.smartWalletOwner && !owner?.permit2Approved) throw new Error("devnet setup: the smart wallets' owner must be one of the Permit2-approved payers");
+  const wallets = owner ? await smartWalletsOf(owner.account.address) : undefined;
+  const walletTargets = wallets ? [wallets.deployed, wallets.counterfactual] : [];
   if (Number(reportedChainId) !== opts.chainId) {
     throw new Error(`devnet setup: ${opts.rpcUrl} reports chain id ${Number(reportedChainId)}, expected ${opts.chainId}`);
   }
@@ -199,6 +243,11 @@ export async function setupDevnetChain(opts: SetupDevnetChainOptions): Promise<v
     for (const p of payers) {
       sendFromMinter(`mint ${asset.symbol} to ${p.account.address}`, asset.address, abi, "mint", [p.account.address, amountOf(asset)], MINT_GAS);
     }
+    for (const w of walletTargets) sendFromMinter(`mint ${asset.symbol} to smart wallet ${w}`, asset.address, abi, "mint", [w, amountOf(asset)], MINT_GAS);
+  }
+  if (wallets) {
+    const factory = devnetContract(contracts, "DevnetSmartWalletFactory");
+    sendFromMinter("deploy the devnet smart wallet", SMART_WALLET_FACTORY_ADDRESS, factory.abi, "createWallet", [wallets.owner, SMART_WALLET_SALTS.deployed], WALLET_DEPLOY_GAS);
   }
 
   // 3. Permit2 approvals, signed locally with each payer's key.
@@ -231,6 +280,18 @@ export async function setupDevnetChain(opts: SetupDevnetChainOptions): Promise<v
     throw new Error(`devnet setup: Permit2 DOMAIN_SEPARATOR() is ${separator}, expected ${expected} for chain ${opts.chainId}`);
   }
   await waitForReceipts(rpc, sent);
+
+  // 5. The deployed smart wallet approves Permit2 on every asset (its owner acts through execute).
+  if (wallets && owner) {
+    const wallet = devnetContract(contracts, "DevnetSmartWallet");
+    const approvals = opts.assets.map(async (asset) => {
+      const approve = encodeFunctionData({ abi: plainToken.abi, functionName: "approve", args: [PERMIT2_ADDRESS, maxUint256] });
+      const data = encodeFunctionData({ abi: wallet.abi, functionName: "execute", args: [asset.address, 0n, approve] });
+      const raw = await owner.account.signTransaction({ type: "eip1559", chainId: opts.chainId, to: wallets.deployed, data, gas: APPROVE_GAS * 2n, nonce: takeNonce(owner.account.address), maxFeePerGas, maxPriorityFeePerGas });
+      return { label: `approve Permit2 for ${asset.symbol} from smart wallet ${wallets.deployed}`, hash: await rpc<Hex>("eth_sendRawTransaction", [raw]) };
+    });
+    await waitForReceipts(rpc, await Promise.all(approvals));
+  }
 }
 
 /** An OP Stack chain's GasPriceOracle stand-in (the facilitator quotes each transaction's L1 data fee there). */

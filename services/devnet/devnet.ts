@@ -15,7 +15,7 @@ import type { RunningWallets } from "../wallets/service.ts";
 import { startDevnetWallets } from "./wallets.ts";
 import type { RoutingTable } from "../router/routing-table.ts";
 import { startAnvil, type AnvilNode } from "./anvil.ts";
-import { setupDevnetChain } from "./chain-setup.ts";
+import { SMART_WALLET_FACTORY_ADDRESS, setupDevnetChain, smartWalletsOf, type SmartWallets } from "./chain-setup.ts";
 import { devnetAssets } from "./devnet-assets.ts";
 import { startFeeFloorProxy, type FeeFloorProxy } from "./fee-floor-proxy.ts";
 import { resolveNetworkPolicy } from "../facilitator/network-policy.ts";
@@ -79,6 +79,11 @@ export interface DevnetInfo {
   networks: DevnetNetwork[];
   payers: { address: Address; privateKey: Hex; permit2Approved: boolean }[];
   receivers: { address: Address; privateKey: Hex }[];
+  /**
+   * Smart-wallet payers owned by the first payer's key (docs/payers/): one deployed (ERC-1271,
+   * funded, Permit2-approved), one counterfactual (ERC-6492, funded, deployed by its first settlement).
+   */
+  smartWallets: SmartWallets & { ownerPrivateKey: Hex };
 }
 
 export interface RunningDevnet {
@@ -145,6 +150,7 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
           assets: net.assets,
           gasFunded: [signer.address],
           payers: payers.map((p) => ({ privateKey: p.privateKey, permit2Approved: p.permit2Approved })),
+          smartWalletOwner: payers[0]!.privateKey,
         });
         const keyFile = join(stateDir, "keys", `${net.chainId}.key`);
         await writeFile(keyFile, `${signer.privateKey}\n`, { mode: 0o600 });
@@ -159,6 +165,8 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
           confirmations,
           // anvil serves eth_sendRawTransactionSync (EIP-7966): a settlement and its receipt in one round trip.
           policy: { sendRawTransactionSync: true },
+          // Counterfactual smart wallets are deployed only through the devnet's own factory.
+          eip6492Factories: [SMART_WALLET_FACTORY_ADDRESS],
           host,
           port: routerPort === 0 ? 0 : routerPort + 101 + i,
           adminPort: routerPort === 0 ? 0 : routerPort + 301 + i, // 4321…: clear of common local services (NATS listens on 4222)
@@ -231,6 +239,7 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
       })),
       payers,
       receivers,
+      smartWallets: { ...(await smartWalletsOf(payers[0]!.address)), ownerPrivateKey: payers[0]!.privateKey },
     };
     const infoPath = join(stateDir, "devnet.json");
     await writeFile(infoPath, JSON.stringify(info, null, 2));

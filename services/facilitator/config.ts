@@ -62,6 +62,8 @@ export interface FacilitatorConfig {
   allowedAssets?: `0x${string}`[];
   /** A deny-list file of payer and payee addresses (screening.ts), re-read when it changes. */
   denyListFile?: string;
+  /** ERC-6492 factories a counterfactual payer's wallet may be deployed through during settlement (none: refused). */
+  eip6492Factories: `0x${string}`[];
   /** An external screening service (screening-hook.ts); its URL may carry a token: never logged. */
   screening?: { url: string; timeoutMs: number; failOpen: boolean; cacheMs: number; tokenFile?: string };
   /** The chain's fee, data-fee, finality and RPC rules: the network's defaults with the `policy` overrides. */
@@ -86,6 +88,7 @@ const fileSchema = z
     receiverAuthorizerKeyFile: z.string(),
     receiverCredentialsFile: z.string(),
     denyListFile: z.string(),
+    eip6492Factories: z.array(z.string().regex(/^0x[0-9a-fA-F]{40}$/, "expected a 0x-prefixed 20-byte hex address")),
     screeningUrl: z.string().url().regex(/^https?:\/\//, "expected an http(s) URL"),
     screeningTimeoutMs: z.number().int().min(10).max(10_000),
     screeningFailure: z.enum(["closed", "open"]),
@@ -158,6 +161,7 @@ export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorCon
     receiverAuthorizerKeyFile: env.X402_RECEIVER_AUTHORIZER_KEY_FILE,
     receiverCredentialsFile: env.X402_RECEIVER_CREDENTIALS_FILE,
     denyListFile: env.X402_DENY_LIST_FILE || undefined,
+    eip6492Factories: list(env.X402_EIP6492_FACTORIES),
     screeningUrl: env.X402_SCREENING_URL || undefined,
     screeningTimeoutMs: num(env.X402_SCREENING_TIMEOUT_MS),
     screeningFailure: (env.X402_SCREENING_FAILURE || undefined) as "closed" | "open" | undefined,
@@ -253,6 +257,7 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
     receiverAuthorizerKey,
     receiverCredentialsFile: c.receiverCredentialsFile,
     denyListFile: c.denyListFile,
+    eip6492Factories: (c.eip6492Factories ?? []).map((a) => getAddress(a)),
     screening: c.screeningUrl
       ? { url: c.screeningUrl, timeoutMs: c.screeningTimeoutMs ?? 300, failOpen: c.screeningFailure === "open", cacheMs: c.screeningCacheMs ?? 60_000, tokenFile: c.screeningTokenFile }
       : undefined,

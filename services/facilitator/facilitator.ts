@@ -5,7 +5,8 @@ import type { PaymentPayload, PaymentRequirements, SettleResponse, SupportedResp
 import { ExactEvmScheme } from "@x402/evm/exact/facilitator";
 import { UptoEvmScheme } from "@x402/evm/upto/facilitator";
 import { BatchSettlementEvmScheme } from "@x402/evm/batch-settlement/facilitator";
-import { getAddress, type Address, type PrivateKeyAccount } from "viem";
+import { getAddress, isErc6492Signature, type Address, type Hex, type PrivateKeyAccount } from "viem";
+import { authorizationTypes } from "@x402/evm";
 import { RequestError } from "../x402/errors.ts";
 import type { AssetInfo, Caip2 } from "../x402/networks.ts";
 import { extensionsFor } from "../x402/extensions.ts";
@@ -45,6 +46,8 @@ export interface FacilitatorOptions {
   receiverCredentials?: ReceiverCredentials;
   /** The token contracts accepted; unset: the known assets of this network (`assets`). */
   allowedAssets?: Address[];
+  /** ERC-6492 factories a counterfactual payer's wallet may be deployed through (the reference mechanisms' allow-list). */
+  eip6492Factories?: Address[];
   /** A deny-list of payers and payees (screening.ts), checked before any RPC call. */
   screening?: Screening;
   /** An external screening service (screening-hook.ts), asked after the deny-list, before any RPC call. */
@@ -63,13 +66,14 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
   const core = new x402Facilitator();
   const signer = servingAssetCode(opts.signer);
   const upto = asCaller(signer, opts.uptoFacilitatorAddress);
+  const factories = opts.eip6492Factories ?? [];
   for (const scheme of opts.schemes) {
     // Each mechanism is registered for exactly this network: no eip155:* wildcard.
-    if (scheme === "exact") core.register(opts.network, new ExactEvmScheme(signer));
+    if (scheme === "exact") core.register(opts.network, new ExactEvmScheme(signer, { eip6492AllowedFactories: factories }));
     if (scheme === "upto") core.register(opts.network, new UptoEvmScheme(upto));
     if (scheme === "batch-settlement") {
       const authorizer = opts.receiverAuthorizer && { address: opts.receiverAuthorizer.address, signTypedData: (p: Parameters<PrivateKeyAccount["signTypedData"]>[0]) => opts.receiverAuthorizer!.signTypedData(p) };
-      core.register(opts.network, new BatchSettlementEvmScheme(asCaller(signer, opts.uptoFacilitatorAddress), authorizer as never));
+      core.register(opts.network, new BatchSettlementEvmScheme(asCaller(signer, opts.uptoFacilitatorAddress), authorizer as never, { eip6492AllowedFactories: factories }));
     }
   }
   // EIP-2612 gas sponsoring rides in payload extensions and is handled by the exact Permit2 mechanism.
@@ -104,6 +108,27 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       return { payload: { ...payload, accepted: { ...payload.accepted, extra: { ...extra, ...payload.accepted.extra } } }, requirements: { ...requirements, extra } };
     }
     return { payload, requirements };
+  }
+
+  /**
+   * An ERC-6492 signature of a wallet not yet deployed: the reference mechanism trusts it at /verify
+   * and deploys the wallet at /settle before the token checks it, so a forged one would cost us a
+   * deployment. It is checked first, as the token will check it (viem's ERC-6492 validator, one
+   * eth_call that deploys the wallet only inside the call).
+   */
+  async function counterfactualRefusal(payload: PaymentPayload, requirements: PaymentRequirements): Promise<{ reason: string; message: string } | undefined> {
+    const p = payload.payload as { signature?: string; authorization?: { from: Address; to: Address; value: string; validAfter: string; validBefore: string; nonce: Hex } };
+    if (requirements.scheme !== "exact" || !p.authorization || typeof p.signature !== "string" || !/^0x[0-9a-fA-F]*$/.test(p.signature) || !isErc6492Signature(p.signature as Hex)) return undefined;
+    const a = p.authorization;
+    const valid = await opts.signer.verifyTypedData({
+      address: getAddress(a.from),
+      domain: { name: String(requirements.extra.name), version: String(requirements.extra.version), chainId: Number(opts.network.slice("eip155:".length)), verifyingContract: getAddress(requirements.asset) },
+      types: authorizationTypes,
+      primaryType: "TransferWithAuthorization",
+      message: { from: getAddress(a.from), to: getAddress(a.to), value: BigInt(a.value), validAfter: BigInt(a.validAfter), validBefore: BigInt(a.validBefore), nonce: a.nonce },
+      signature: p.signature as Hex,
+    } as Parameters<OutboxSigner["verifyTypedData"]>[0]);
+    return valid ? undefined : { reason: "invalid_exact_evm_signature", message: "the ERC-6492 signature does not verify for the counterfactual wallet (checked before any deployment)" };
   }
 
   /**
@@ -157,6 +182,8 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
           ? { failed: false, value: { isValid: false, invalidReason: refusal.reason, invalidMessage: refusal.message, payer: payerOf(payload) } as VerifyResponse, error: undefined }
           : await watchRpc(() =>
               withAssetCode(opts.signer, requirements, async () => {
+                const forged = await counterfactualRefusal(payload, requirements);
+                if (forged) return { isValid: false, invalidReason: forged.reason, invalidMessage: forged.message, payer: payerOf(payload) } as VerifyResponse;
                 const fast = requirements.scheme === "exact" ? await fastExact.verify(payload, requirements) : undefined;
                 return scrub(fast ?? (await core.verify(payload, requirements)));
               }),
@@ -198,7 +225,12 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
                 ...settleJobOf(payload, requirements),
                 clientId,
                 gas,
-                run: () => withAssetCode(opts.signer, requirements, () => withDecodedReverts(() => core.settle(payload, requirements))),
+                run: () =>
+                  withAssetCode(opts.signer, requirements, async () => {
+                    const forged = await counterfactualRefusal(payload, requirements);
+                    if (forged) return { success: false, errorReason: forged.reason, errorMessage: forged.message, transaction: "", network: requirements.network, payer: payerOf(payload) } as SettleResponse;
+                    return withDecodedReverts(() => core.settle(payload, requirements));
+                  }),
               }),
             );
         // Only a refusal with nothing sent becomes a 503: a payment with a transaction is answered by its outcome or settlement_pending.
@@ -213,7 +245,13 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       });
       end();
       // The size of the router's next reservation for this scheme (no quote when the RPC is down).
-      if (gas) gas.quote = await opts.signer.worstCase(SCHEME_TRANSACTION_KINDS[requirements.scheme] ?? []).catch(() => undefined);
+      // (A counterfactual payer's wallet may be deployed first: one more transaction, of kind "other".)
+      if (gas) {
+        const kinds = SCHEME_TRANSACTION_KINDS[requirements.scheme] ?? [];
+        gas.quote = await Promise.all([opts.signer.worstCase(kinds), factories.length ? opts.signer.worstCase(["other"]) : 0n])
+          .then(([settle, deploy]) => settle + deploy)
+          .catch(() => undefined);
+      }
       const result = response.success ? "success" : response.errorReason === "settlement_pending" ? "pending" : "failure";
       opts.metrics.settleTotal.inc({ ...labels, result, reason: reasonLabel(response.errorReason) });
       if (response.errorReason === RPC_UNAVAILABLE) throw rpcUnavailable(opts);

@@ -143,6 +143,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     uptoFacilitatorAddress: config.uptoFacilitatorAddress,
     receiverAuthorizer: config.receiverAuthorizerKey ? privateKeyToAccount(config.receiverAuthorizerKey) : undefined,
     allowedAssets: config.allowedAssets,
+    eip6492Factories: config.eip6492Factories,
     receiverCredentials: config.receiverCredentialsFile ? readReceiverCredentials(config.receiverCredentialsFile) : undefined,
   });
 

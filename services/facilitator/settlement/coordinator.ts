@@ -134,7 +134,9 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
       await store.release(paymentId, owner); // refused before any transaction: a later retry may try again
       return result;
     }
-    const mined = txs.find((t) => t.state === "confirmed" && t.mined_hash);
+    // The answer names the mechanism's own transaction (a counterfactual wallet's deployment may come before it).
+    const confirmed = txs.filter((t) => t.state === "confirmed" && t.mined_hash);
+    const mined = confirmed.find((t) => (t.hashes ?? [t.hash]).some((h) => h.toLowerCase() === String(result.transaction).toLowerCase())) ?? confirmed[confirmed.length - 1];
     if (result.success && mined) {
       // The mined hash may be a fee replacement of the one the mechanism sent.
       await store.record(paymentId, "succeeded", { ...result, transaction: mined.mined_hash } as unknown as Record<string, unknown>);
