@@ -74,6 +74,8 @@ export interface FacilitatorNetworkSpec {
   replicas?: number;
   settlement?: { receiptTimeoutSeconds?: number; confirmations?: number; maxFeePerGasWei?: string };
   assets?: string[];
+  /** ERC-6492 factories a counterfactual payer's wallet may be deployed through (none: refused). */
+  eip6492Factories?: string[];
   database?: { urlSecretRef: SecretKeyRef };
   /**
    * A deny-list of payer and payee addresses, from a ConfigMap key (mounted; edits apply without a

@@ -134,6 +134,7 @@ export function facilitatorEnv(fn: FacilitatorNetwork): EnvVar[] {
   if (s.confirmations !== undefined) env.push({ name: "X402_CONFIRMATIONS", value: String(s.confirmations) });
   if (s.maxFeePerGasWei !== undefined) env.push({ name: "X402_MAX_FEE_PER_GAS_WEI", value: s.maxFeePerGasWei });
   if (spec.assets?.length) env.push({ name: "X402_ASSETS", value: spec.assets.join(",") });
+  if (spec.eip6492Factories?.length) env.push({ name: "X402_EIP6492_FACTORIES", value: spec.eip6492Factories.join(",") });
   if (spec.screening?.denyListConfigMapRef) env.push({ name: "X402_DENY_LIST_FILE", value: `${SCREENING_MOUNT_PATH}/deny-list.txt` });
   const hook = spec.screening?.service;
   if (hook) {

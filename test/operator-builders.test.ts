@@ -138,6 +138,12 @@ describe("the Deployment", () => {
     expect(buildDeployment(network(), OPTS).spec.template.spec.volumes.map((v) => v.name)).not.toContain("screening");
   });
 
+  it("passes the ERC-6492 factory allow-list to the pods", () => {
+    const fn = network({ eip6492Factories: ["0x4020000000000000000000000000000000006492", "0x00000000000000000000000000000000000000aa"] });
+    expect(env(fn).X402_EIP6492_FACTORIES!.value).toBe("0x4020000000000000000000000000000000006492,0x00000000000000000000000000000000000000aa");
+    expect(env(network()).X402_EIP6492_FACTORIES).toBeUndefined();
+  });
+
   it("points the pods at a screening service: its URL from the Secret, its budget, failure policy and cache; the Secret is watched", () => {
     const fn = network({ screening: { service: { urlSecretRef: { name: "screening", key: "url" }, timeoutMs: 250, failure: "open", cacheSeconds: 30 } } });
     const e = env(fn);
