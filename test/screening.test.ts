@@ -37,7 +37,7 @@ beforeAll(async () => {
   const key = generatePrivateKey();
   signer = privateKeyToAccount(key).address;
   await createTestClient({ mode: "anvil", transport: http(n.rpcUrl) }).setBalance({ address: signer, value: 10n ** 21n });
-  const config = resolveFacilitatorConfig({ network: n.network, rpcUrls: [n.facilitatorRpcUrl], signerKeys: [key], assets: n.assets, confirmations: 1, port: 0, schemes: ["exact"], denyListFile: listFile });
+  const config = resolveFacilitatorConfig({ network: n.network, rpcUrls: [n.facilitatorRpcUrl], signerKeys: [key], assets: n.assets, confirmations: 1, port: 0, schemes: ["exact"], denyListFile: listFile, dataDir: join(dir, "store") });
   facilitator = await startFacilitatorService(config, pino({ level: "silent" }));
 });
 
@@ -104,7 +104,7 @@ describe("the deny-list", () => {
 describe("an external screening service", () => {
   type Seen = { network: string; scheme: string; asset: string; amount: string; payer: string; payee: string; step: string };
   const seen: Seen[] = [];
-  let mode: "judge" | "slow" | "broken" = "judge";
+  let mode: "judge" | "slow" | "broken" | "huge" = "judge";
   let hook: Server;
   let hookUrl: string;
   const started: RunningFacilitator[] = [];
@@ -117,6 +117,7 @@ describe("an external screening service", () => {
         const body = JSON.parse(text) as Seen;
         seen.push(body);
         if (mode === "broken") return void res.writeHead(500).end("oops");
+        if (mode === "huge") return void res.writeHead(200, { "content-type": "application/json" }).end(`{"allow":true,"pad":"${"x".repeat(1_000_000)}"}`);
         const answer = () => {
           const denied = body.payer.toLowerCase() === devnet.info.payers[1]!.address.toLowerCase();
           res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(denied ? { allow: false, denied: "payer", reason: "on the OFAC list\u0007" } : { allow: true }));
@@ -141,7 +142,7 @@ describe("an external screening service", () => {
     const key = generatePrivateKey();
     const address = privateKeyToAccount(key).address;
     await createTestClient({ mode: "anvil", transport: http(n.rpcUrl) }).setBalance({ address, value: 10n ** 21n });
-    const config = resolveFacilitatorConfig({ network: n.network, rpcUrls: [n.facilitatorRpcUrl], signerKeys: [key], assets: n.assets, confirmations: 1, port: 0, schemes: ["exact"], screeningUrl: hookUrl, screeningTimeoutMs: 200, screeningFailure: failure, screeningCacheMs: cacheMs });
+    const config = resolveFacilitatorConfig({ network: n.network, rpcUrls: [n.facilitatorRpcUrl], signerKeys: [key], assets: n.assets, confirmations: 1, port: 0, schemes: ["exact"], screeningUrl: hookUrl, screeningTimeoutMs: 200, screeningFailure: failure, screeningCacheMs: cacheMs, dataDir: join(dir, `store-${started.length}`) });
     const f = await startFacilitatorService(config, pino({ level: "silent" }));
     started.push(f);
     const state = async () => ({
@@ -186,6 +187,8 @@ describe("an external screening service", () => {
     }
     mode = "broken";
     expect((await postJson(`${closed.url}/verify`, body)).json.error).toContain("answered HTTP 500");
+    mode = "huge"; // never read whole
+    expect((await postJson(`${closed.url}/verify`, body)).json.error).toContain("answered more than 16384 bytes");
     expect(await closed.state()).toEqual(before);
 
     mode = "slow";

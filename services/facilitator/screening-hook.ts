@@ -38,6 +38,7 @@ type Verdict = { allow: true } | { allow: false; denied: "payer" | "payee"; reas
 
 const MAX_CACHED = 50_000;
 const MAX_REASON = 200;
+const MAX_ANSWER_BYTES = 16 * 1024;
 
 function verdictOf(body: unknown): Verdict | undefined {
   const b = body as { allow?: unknown; denied?: unknown; reason?: unknown } | null;
@@ -61,8 +62,19 @@ export function createScreeningHook(opts: ScreeningHookOptions) {
       signal: AbortSignal.timeout(opts.timeoutMs),
       maxRedirections: 0,
     } as Parameters<typeof request>[1]);
-    const text = await res.body.text();
-    if (res.statusCode !== 200) throw new Error(`the screening service answered HTTP ${res.statusCode}`);
+    if (res.statusCode !== 200) {
+      res.body.destroy();
+      throw new Error(`the screening service answered HTTP ${res.statusCode}`);
+    }
+    // A verdict is a few bytes: a service answering more is broken, and is not read into memory.
+    let text = "";
+    for await (const chunk of res.body) {
+      text += chunk;
+      if (text.length > MAX_ANSWER_BYTES) {
+        res.body.destroy();
+        throw new Error(`the screening service answered more than ${MAX_ANSWER_BYTES} bytes`);
+      }
+    }
     const verdict = verdictOf(JSON.parse(text));
     if (!verdict) throw new Error("the screening service answered without a verdict (allow: true or false)");
     return verdict;
