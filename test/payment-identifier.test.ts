@@ -1,7 +1,7 @@
 // The payment-identifier extension (an idempotency id from the client), judged on chain: a retried
 // /settle with the same id and payment gets the very same answer and moves the money once; the same
 // id on a different payment is refused (409) at /verify and /settle and nothing is sent; /verify
-// never binds an id (it is read-only); a malformed id is a 400.
+// never binds an id (it is read-only), nor does a refused payment; a malformed id is a 400.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createPublicClient, http, type Address } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
@@ -74,6 +74,18 @@ describe("the payment-identifier extension", () => {
     const settled = await postJson(`${router}/settle`, await payment("4400", id)); // another payment, the same id: its first settle
     expect(settled.json).toMatchObject({ success: true });
     expect(await chainState()).toEqual({ received: before.received + 4400n, sent: before.sent + 1 });
+  });
+
+  it("a refused payment never takes an id: a forged body with the genuine payment's id first, then the genuine one settles", async () => {
+    const router = devnet.info.routerUrl;
+    const id = generatePaymentId();
+    const genuine = await payment("4600", id);
+    const forged = structuredClone(genuine);
+    (forged.paymentPayload.payload as { signature: string }).signature = `0x${"11".repeat(65)}`;
+    const before = await chainState();
+    expect((await postJson(`${router}/settle`, forged)).json).toMatchObject({ success: false, transaction: "" });
+    expect((await postJson(`${router}/settle`, genuine)).json).toMatchObject({ success: true });
+    expect(await chainState()).toEqual({ received: before.received + 4600n, sent: before.sent + 1 });
   });
 
   it("a malformed id is refused with 400 and nothing is sent", async () => {

@@ -133,13 +133,14 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
 
   /**
    * The payment-identifier extension (an idempotency id): malformed → 400; bound to another payment
-   * → 409 and nothing is sent. /settle binds it to this payment, /verify only reads.
+   * → 409 and nothing is sent. Only read here: a settlement binds it once it moved money or sent a
+   * transaction (see settle), so /verify stays read-only and a forged payment cannot take the id.
    */
-  async function checkIdentifier(payload: PaymentPayload, requirements: PaymentRequirements, step: "verify" | "settle"): Promise<string | undefined> {
+  async function checkIdentifier(payload: PaymentPayload, requirements: PaymentRequirements): Promise<string | undefined> {
     if (!payload.extensions || !("payment-identifier" in payload.extensions)) return undefined;
     const { id, validation } = extractAndValidatePaymentIdentifier(payload);
     if (!validation.valid) throw new RequestError("invalid_payload", `paymentPayload.extensions.payment-identifier: ${(validation.errors ?? ["invalid"]).join("; ")}`);
-    if (id && (await opts.coordinator.identifierConflict(id, payload, requirements, step))) {
+    if (id && (await opts.coordinator.identifierConflict(id, payload, requirements))) {
       throw new RequestError("payment_identifier_conflict", `payment identifier ${id} was already used for a different payment; a new payment needs a new id`);
     }
     return id ?? undefined;
@@ -174,7 +175,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       const { payload, requirements } = prepare(body);
       const labels = { network: opts.network, scheme: requirements.scheme };
       const end = opts.metrics.verifyDuration.startTimer(labels);
-      await checkIdentifier(payload, requirements, "verify");
+      await checkIdentifier(payload, requirements);
       const refusal = await refusalOf(payload, requirements, "verify");
       const response = await withSpan("facilitator.verify", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: VerifyResponse;
@@ -210,7 +211,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       }
       const labels = { network: opts.network, scheme: requirements.scheme };
       const end = opts.metrics.settleDuration.startTimer(labels);
-      const clientId = await checkIdentifier(payload, requirements, "settle");
+      const clientId = await checkIdentifier(payload, requirements);
       const refusal = await refusalOf(payload, requirements, "settle");
       const response = await withSpan("facilitator.settle", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: SettleResponse;
@@ -244,6 +245,9 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
         return r;
       });
       end();
+      if (clientId && (response.success || response.transaction)) {
+        await opts.coordinator.bindIdentifier(clientId, payload, requirements).catch((e: unknown) => opts.logger.warn({ err: errorSummary(e) }, "payment identifier not bound"));
+      }
       // The size of the router's next reservation for this scheme (no quote when the RPC is down).
       // (A counterfactual payer's wallet may be deployed first: one more transaction, of kind "other".)
       if (gas) {

@@ -174,15 +174,16 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
 
   return {
     processId,
+    /** The payment-identifier extension: whether the identifier is already bound to a different payment (read-only). */
+    async identifierConflict(identifier: string, payload: PaymentPayload, requirements: PaymentRequirements): Promise<boolean> {
+      return conflicts(await store.identifierBinding(identifier), paymentIdentity(payload, requirements).id, paymentDigest(payload, requirements));
+    },
     /**
-     * The payment-identifier extension: at /settle the identifier is bound to this payment (first
-     * come); at /verify it is only read. True when it belongs to a different payment.
+     * Binds the identifier to this payment once it settled or sent a transaction (a refused or
+     * forged payment never takes an id from the genuine one). First come; idempotent for retries.
      */
-    async identifierConflict(identifier: string, payload: PaymentPayload, requirements: PaymentRequirements, step: "verify" | "settle"): Promise<boolean> {
-      const { id } = paymentIdentity(payload, requirements);
-      const digest = paymentDigest(payload, requirements);
-      const bound = step === "settle" ? await store.bindIdentifier(identifier, id, digest) : await store.identifierBinding(identifier);
-      return conflicts(bound, id, digest);
+    async bindIdentifier(identifier: string, payload: PaymentPayload, requirements: PaymentRequirements): Promise<void> {
+      await store.bindIdentifier(identifier, paymentIdentity(payload, requirements).id, paymentDigest(payload, requirements));
     },
     async settle(job: SettleJob): Promise<SettleResponse> {
       const identity = paymentIdentity(job.payload, job.requirements);
