@@ -13,7 +13,8 @@ import { ExactEvmScheme as ExactEvmServer } from "@x402/evm/exact/server";
 import { ExactEvmScheme as ExactEvmClient } from "@x402/evm/exact/client";
 import { UptoEvmScheme as UptoEvmServer } from "@x402/evm/upto/server";
 import { UptoEvmScheme as UptoEvmClient } from "@x402/evm/upto/client";
-import { wrapFetchWithPayment, x402Client } from "@x402/fetch";
+import { decodePaymentResponseHeader, wrapFetchWithPayment, x402Client } from "@x402/fetch";
+import { EXACT_PERMIT2_PROXY_ADDRESS } from "../services/x402/networks.ts";
 import { createPublicClient, createTestClient, encodeFunctionData, getContractAddress, encodeAbiParameters, hashTypedData, http, pad, serializeErc6492Signature, type Address, type Hex } from "viem";
 import { generatePrivateKey, privateKeyToAccount, type PrivateKeyAccount } from "viem/accounts";
 import { compileDevnetContracts, devnetContract } from "../services/devnet/compile.ts";
@@ -39,11 +40,16 @@ beforeAll(async () => {
       {
         "GET /exact": { accepts: { scheme: "exact", price: "$0.01", network: NETWORK, payTo }, description: "exact" },
         "GET /upto": { accepts: { scheme: "upto", price: "$0.05", network: NETWORK, payTo }, description: "upto" },
+        "GET /exact-permit2": {
+          accepts: { scheme: "exact", network: NETWORK, payTo, price: { asset: usdcAsset().address, amount: "30000", extra: { assetTransferMethod: "permit2", name: usdcAsset().eip712!.name, version: usdcAsset().eip712!.version } } },
+          description: "exact over Permit2",
+        },
       },
       resourceServer,
     ),
   );
   app.get("/exact", (_req, res) => void res.json({ ok: true }));
+  app.get("/exact-permit2", (_req, res) => void res.json({ ok: true }));
   app.get("/upto", (_req, res) => {
     setSettlementOverrides(res, { amount: "20000" }); // 0.02 of the 0.05 ceiling
     res.json({ ok: true });
@@ -60,6 +66,7 @@ afterAll(async () => {
 });
 
 const net = () => devnet.info.networks[0]!;
+const usdcAsset = () => devnet.info.networks[0]!.assets.find((a) => a.transferMethods.includes("eip3009"))!;
 const usdc = () => net().assets.find((a) => a.transferMethods.includes("eip3009"))!;
 const chain = () => createPublicClient({ transport: http(net().rpcUrl) });
 
@@ -88,7 +95,7 @@ async function state(wallet: Address) {
 }
 
 describe("smart-wallet payers", () => {
-  it("a deployed ERC-1271 wallet pays exact (EIP-3009) and upto (Permit2)", async () => {
+  it("a deployed ERC-1271 wallet pays exact (EIP-3009 and Permit2) and upto (Permit2)", async () => {
     const w = devnet.info.smartWallets;
     const owner = privateKeyToAccount(w.ownerPrivateKey);
     const before = await state(w.deployed);
@@ -98,7 +105,13 @@ describe("smart-wallet payers", () => {
     const afterExact = await state(w.deployed);
     expect(afterExact).toMatchObject({ wallet: before.wallet - 10_000n, payTo: before.payTo + 10_000n, sent: before.sent + 1 });
     expect((await pay(`${base}/upto`)).status).toBe(200);
-    expect(await state(w.deployed)).toMatchObject({ wallet: afterExact.wallet - 20_000n, payTo: afterExact.payTo + 20_000n, sent: afterExact.sent + 1 });
+    const afterUpto = await state(w.deployed);
+    expect(afterUpto).toMatchObject({ wallet: afterExact.wallet - 20_000n, payTo: afterExact.payTo + 20_000n, sent: afterExact.sent + 1 });
+    const viaPermit2 = await pay(`${base}/exact-permit2`);
+    expect(viaPermit2.status).toBe(200);
+    const settled = decodePaymentResponseHeader(viaPermit2.headers.get("payment-response")!);
+    expect((await chain().getTransaction({ hash: settled.transaction as Hex })).to?.toLowerCase()).toBe(EXACT_PERMIT2_PROXY_ADDRESS.toLowerCase()); // Permit2, not EIP-3009
+    expect(await state(w.deployed)).toMatchObject({ wallet: afterUpto.wallet - 30_000n, payTo: afterUpto.payTo + 30_000n, sent: afterUpto.sent + 1 });
   });
 
   it("an undeployed wallet pays with an ERC-6492 signature; its settlement deploys it through the allowed factory", async () => {
