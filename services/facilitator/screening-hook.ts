@@ -62,8 +62,11 @@ export function createScreeningHook(opts: ScreeningHookOptions) {
       signal: AbortSignal.timeout(opts.timeoutMs),
       maxRedirections: 0,
     } as Parameters<typeof request>[1]);
+    // A body cut short (destroyed below, or by the service) must never surface as an uncaught
+    // stream error: that would take the facilitator down.
+    res.body.on("error", () => undefined);
     if (res.statusCode !== 200) {
-      res.body.destroy();
+      await res.body.dump().catch(() => undefined);
       throw new Error(`the screening service answered HTTP ${res.statusCode}`);
     }
     // A verdict is a few bytes: a service answering more is broken, and is not read into memory.
