@@ -21,7 +21,7 @@ import { wrapFetchWithPayment } from "@x402/fetch";
 import { privateKeyToAccount } from "viem/accounts";
 import { startRouterService, type RunningRouter } from "../services/router/service.ts";
 import { openDatabase, type Database } from "../services/platform/storage.ts";
-import { DISCOVERY_MIGRATIONS } from "../services/discovery/catalog.ts";
+import { DISCOVERY_MIGRATIONS, createCatalog } from "../services/discovery/catalog.ts";
 import type { RunningDevnet } from "../services/devnet/devnet.ts";
 import { startTestDevnet } from "./helpers/devnet.ts";
 import { balanceOf } from "./helpers/chain.ts";
@@ -167,5 +167,19 @@ describe("the discovery catalog (bazaar)", () => {
 
     const all = (await bazaar().listResources({ limit: 100 })).items.map((i) => i.resource);
     expect(all.filter((r) => r.includes(run) && !r.startsWith(`https://${host}`))).toEqual([poisoned]);
+  });
+
+  it("a resource nobody paid for in the retention period is pruned; fresh ones stay", async () => {
+    const stale = `https://stale-${run}.example.com/x`;
+    await db.query(
+      `INSERT INTO discovery_resources (resource, tool, type, x402_version, accepts, pay_to, schemes, networks, extension_keys, search_text, last_updated)
+       VALUES ($1, '', 'http', 2, '[]', '{}', '{}', '{}', '{bazaar}', $1, now() - interval '31 days')`,
+      [stale],
+    );
+    const pruned = await createCatalog(db).prune(30 * 24 * 3_600_000);
+    expect(pruned).toBeGreaterThanOrEqual(1);
+    const left = (await db.query<{ resource: string }>("SELECT resource FROM discovery_resources WHERE resource LIKE $1", [`%${run}%`])).map((r) => r.resource);
+    expect(left).not.toContain(stale);
+    expect(left).toContain(`https://${host}/weather`); // paid minutes ago
   });
 });

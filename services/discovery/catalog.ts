@@ -72,7 +72,12 @@ export interface Catalog {
   record(payload: PaymentPayload, requirements: PaymentRequirements): Promise<CatalogOutcome | undefined>;
   list(params: ListParams): Promise<DiscoveryResourcesResponse>;
   search(params: SearchParams): Promise<SearchDiscoveryResourcesResponse>;
+  /** Drops resources no payment has refreshed for `maxAgeMs` (a resource that is gone stops being listed); returns how many. */
+  prune(maxAgeMs: number): Promise<number>;
 }
+
+/** A catalogued resource not paid for this long is dropped (each paid request refreshes it). */
+export const DEFAULT_CATALOG_MAX_AGE_MS = 30 * 24 * 3_600_000;
 
 export const MAX_PAGE = 100;
 const MAX_CURSOR_OFFSET = 1_000_000;
@@ -237,6 +242,11 @@ export function createCatalog(db: Database): Catalog {
         db.query<{ total: string }>(`SELECT count(*)::text AS total FROM discovery_resources ${clause}`, args),
       ]);
       return { x402Version: 2, items: rows.map(item), pagination: { limit, offset, total: Number(count?.total ?? 0) } };
+    },
+
+    async prune(maxAgeMs) {
+      const gone = await db.query("DELETE FROM discovery_resources WHERE last_updated < now() - ($1 || ' milliseconds')::interval RETURNING resource", [String(Math.floor(maxAgeMs))]);
+      return gone.length;
     },
 
     async search(params) {

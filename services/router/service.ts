@@ -9,7 +9,7 @@ import { createRouter } from "./router.ts";
 import { createRouterDiscovery } from "./discovery.ts";
 import { readAdminTokenFile } from "../platform/admin-token.ts";
 import { registerKeyAdmin } from "../tenants/admin-api.ts";
-import { DISCOVERY_MIGRATIONS, createCatalog } from "../discovery/catalog.ts";
+import { DEFAULT_CATALOG_MAX_AGE_MS, DISCOVERY_MIGRATIONS, createCatalog } from "../discovery/catalog.ts";
 import { watchRoutingTable } from "./routing-table.ts";
 
 export interface RouterConfig {
@@ -47,9 +47,16 @@ export async function startRouterService(config: RouterConfig, logger: Logger = 
   const apiKeys = keysDb && config.apiKeys ? createApiKeyStore(keysDb) : undefined;
   if (config.adminTokenFile && !apiKeys) throw new Error("router: an admin token (X402_ROUTER_ADMIN_TOKEN_FILE) manages API keys: it needs X402_ROUTER_API_KEYS=required");
   const adminToken = config.adminTokenFile ? readAdminTokenFile(config.adminTokenFile, "router") : undefined;
-  const discovery = keysDb && config.discovery ? createRouterDiscovery(createCatalog(keysDb), logger) : undefined;
+  const catalog = keysDb && config.discovery ? createCatalog(keysDb) : undefined;
+  const discovery = catalog ? createRouterDiscovery(catalog, logger) : undefined;
   const router = createRouter({ logger, metrics, apiKeys, discovery });
-  const prune = apiKeys ? setInterval(() => void apiKeys.pruneUsage().catch(() => undefined), 3_600_000) : undefined;
+  // Hourly housekeeping of the shared database: old quota windows, resources nobody paid for in 30 days.
+  const prune = keysDb
+    ? setInterval(() => {
+        void apiKeys?.pruneUsage().catch(() => undefined);
+        void catalog?.prune(DEFAULT_CATALOG_MAX_AGE_MS).catch(() => undefined);
+      }, 3_600_000)
+    : undefined;
   prune?.unref();
   const source = await watchRoutingTable(config.routingTablePath, logger, (t) => {
     router.setTable(t);

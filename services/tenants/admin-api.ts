@@ -70,21 +70,27 @@ export function registerKeyAdmin(app: FastifyInstance, opts: { keys: ApiKeyStore
   route("POST", "/admin/v1/api-keys", async (request, reply) => {
     const body = parse(createSchema, request.body, "body");
     const { key, info } = await keys.create(body.name, body);
+    request.log.info({ apiKey: info.id, name: info.name }, "API key created"); // an audit line; never the key
     return reply.code(201).send({ key, apiKey: info });
   });
   route("PATCH", "/admin/v1/api-keys/:id", async (request) => {
     const id = idOf(request);
     const limits: Partial<KeyLimits> = parse(limitsSchema, request.body, "body");
-    return { apiKey: found(await keys.setLimits(id, limits), id) };
+    const updated = found(await keys.setLimits(id, limits), id);
+    request.log.info({ apiKey: id, limits }, "API key limits changed");
+    return { apiKey: updated };
   });
   route("POST", "/admin/v1/api-keys/:id/rotate", async (request) => {
     const id = idOf(request);
     const rotated = found(await keys.rotate(id), id);
+    request.log.info({ apiKey: id }, "API key rotated");
     return { key: rotated.key, apiKey: rotated.info };
   });
   route("POST", "/admin/v1/api-keys/:id/revoke", async (request) => {
     const id = idOf(request);
-    return { apiKey: found(await keys.revoke(id), id) };
+    const revoked = found(await keys.revoke(id), id);
+    request.log.info({ apiKey: id }, "API key revoked");
+    return { apiKey: revoked };
   });
   route("GET", "/admin/v1/usage", async (request) => ({ usage: await keys.usage(parse(usageQuery, request.query, "query")) }));
 }
