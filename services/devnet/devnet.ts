@@ -167,6 +167,10 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
           policy: { sendRawTransactionSync: true },
           // Counterfactual smart wallets are deployed only through the devnet's own factory.
           eip6492Factories: [SMART_WALLET_FACTORY_ADDRESS],
+          // Payers of tokens without EIP-2612 (USDT on 56) pay without gas: their approval is funded
+          // (at most its gas limit x fee) and relayed; 0.05 of the native coin per day at most.
+          erc20ApprovalSponsoring: "on",
+          erc20ApprovalDailyFundingWei: (5n * 10n ** 16n).toString(),
           host,
           port: routerPort === 0 ? 0 : routerPort + 101 + i,
           adminPort: routerPort === 0 ? 0 : routerPort + 301 + i, // 4321…: clear of common local services (NATS listens on 4222)

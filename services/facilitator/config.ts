@@ -68,6 +68,12 @@ export interface FacilitatorConfig {
   screening?: { url: string; timeoutMs: number; failOpen: boolean; cacheMs: number; tokenFile?: string };
   /** The chain's fee, data-fee, finality and RPC rules: the network's defaults with the `policy` overrides. */
   policy: NetworkPolicy;
+  /**
+   * The erc20ApprovalGasSponsoring extension (approval-sponsor.ts), off unless set: the most gas a
+   * payer's approval may take, the most one payer is funded with (default: that gas x the fee
+   * cap) and the most the network's fundings may total per UTC day (default: no bound).
+   */
+  approvalSponsoring?: { maxApprovalGas: bigint; maxFundingWei?: bigint; dailyFundingWei?: bigint };
 }
 
 const keyPattern = /^0x[0-9a-fA-F]{64}$/;
@@ -94,6 +100,10 @@ const fileSchema = z
     screeningFailure: z.enum(["closed", "open"]),
     screeningCacheMs: z.number().int().min(0).max(86_400_000),
     screeningTokenFile: z.string(),
+    erc20ApprovalSponsoring: z.enum(["on", "off"]),
+    erc20ApprovalMaxGas: z.number().int().min(21_000).max(1_000_000),
+    erc20ApprovalMaxFundingWei: z.string().regex(/^[0-9]{1,78}$/, "expected wei as a decimal integer"),
+    erc20ApprovalDailyFundingWei: z.string().regex(/^[0-9]{1,78}$/, "expected wei as a decimal integer"),
     allowedAssets: z.array(z.string().regex(/^0x[0-9a-fA-F]{40}$/, "expected a 0x-prefixed 20-byte hex address")),
     schemes: z.array(z.enum(SCHEMES)).min(1),
     host: z.string(),
@@ -167,6 +177,10 @@ export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorCon
     screeningFailure: (env.X402_SCREENING_FAILURE || undefined) as "closed" | "open" | undefined,
     screeningCacheMs: num(env.X402_SCREENING_CACHE_MS),
     screeningTokenFile: env.X402_SCREENING_TOKEN_FILE || undefined,
+    erc20ApprovalSponsoring: (env.X402_ERC20_APPROVAL_SPONSORING || undefined) as "on" | "off" | undefined,
+    erc20ApprovalMaxGas: num(env.X402_ERC20_APPROVAL_MAX_GAS),
+    erc20ApprovalMaxFundingWei: env.X402_ERC20_APPROVAL_MAX_FUNDING_WEI || undefined,
+    erc20ApprovalDailyFundingWei: env.X402_ERC20_APPROVAL_DAILY_FUNDING_WEI || undefined,
     allowedAssets: list(env.X402_ASSETS),
     schemes: list(env.X402_SCHEMES) as Scheme[] | undefined,
     host: env.HOST,
@@ -261,6 +275,14 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
     screening: c.screeningUrl
       ? { url: c.screeningUrl, timeoutMs: c.screeningTimeoutMs ?? 300, failOpen: c.screeningFailure === "open", cacheMs: c.screeningCacheMs ?? 60_000, tokenFile: c.screeningTokenFile }
       : undefined,
+    approvalSponsoring:
+      c.erc20ApprovalSponsoring === "on"
+        ? {
+            maxApprovalGas: BigInt(c.erc20ApprovalMaxGas ?? 100_000),
+            maxFundingWei: c.erc20ApprovalMaxFundingWei !== undefined ? BigInt(c.erc20ApprovalMaxFundingWei) : undefined,
+            dailyFundingWei: c.erc20ApprovalDailyFundingWei !== undefined ? BigInt(c.erc20ApprovalDailyFundingWei) : undefined,
+          }
+        : undefined,
     allowedAssets: c.allowedAssets?.map((a) => getAddress(a)),
     assets: (c.assets as AssetInfo[] | undefined) ?? networkInfo(c.network)?.assets ?? [],
     policy: c.confirmations !== undefined ? { ...policy, confirmations: c.confirmations } : policy,

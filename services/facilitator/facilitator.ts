@@ -27,6 +27,8 @@ import type { Refusal, Screening } from "./screening.ts";
 import { ScreeningUnavailableError, type ScreeningHook } from "./screening-hook.ts";
 import { SCHEME_TRANSACTION_KINDS, type GasMeter } from "./settlement/gas-meter.ts";
 import { extractAndValidatePaymentIdentifier } from "@x402/extensions/payment-identifier";
+import { createErc20ApprovalGasSponsoringExtension } from "@x402/extensions";
+import { sponsorVerdict, type ApprovalSponsor, type SponsorRefusal } from "./settlement/approval-sponsor.ts";
 
 export interface FacilitatorOptions {
   network: Caip2;
@@ -52,6 +54,8 @@ export interface FacilitatorOptions {
   screening?: Screening;
   /** An external screening service (screening-hook.ts), asked after the deny-list, before any RPC call. */
   screeningHook?: ScreeningHook;
+  /** The erc20ApprovalGasSponsoring extension's signer (settlement/approval-sponsor.ts); unset: not served. */
+  approvalSponsor?: ApprovalSponsor;
 }
 
 export interface Facilitator {
@@ -76,8 +80,11 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       core.register(opts.network, new BatchSettlementEvmScheme(asCaller(signer, opts.uptoFacilitatorAddress), authorizer as never, { eip6492AllowedFactories: factories }));
     }
   }
-  // EIP-2612 gas sponsoring rides in payload extensions and is handled by the exact Permit2 mechanism.
-  const supported = { ...(core.getSupported() as SupportedResponse), extensions: extensionsFor(opts.schemes) };
+  // EIP-2612 gas sponsoring rides in payload extensions and is handled by the exact Permit2 mechanism;
+  // ERC-20 approval sponsoring needs its signer registered as the extension.
+  const sponsor = opts.approvalSponsor;
+  if (sponsor) core.registerExtension(createErc20ApprovalGasSponsoringExtension(sponsor));
+  const supported = { ...(core.getSupported() as SupportedResponse), extensions: extensionsFor(opts.schemes, { erc20ApprovalSponsoring: !!sponsor }) };
   const fastExact = createFastExactVerifier({ chain: opts.chain, signer });
   const pairs = supported.kinds.map((k) => pairKey(k.scheme, k.network));
   const domainByAsset = new Map(opts.assets.filter((a) => a.eip712).map((a) => [getAddress(a.address), a.eip712!]));
@@ -132,6 +139,16 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
   }
 
   /**
+   * A sponsored approval whose fields do not match the payment (another signer, another token):
+   * refused before any RPC call, at /verify and at /settle (the reference checks them at /verify only).
+   */
+  async function sponsorRefusal(payload: PaymentPayload, requirements: PaymentRequirements): Promise<{ reason: string; message: string } | undefined> {
+    if (!sponsor || (requirements.scheme !== "exact" && requirements.scheme !== "upto")) return undefined;
+    const refusal = await sponsor.refusalFor(payload, requirements);
+    return refusal && { reason: refusal.code, message: refusal.message };
+  }
+
+  /**
    * The payment-identifier extension (an idempotency id): malformed → 400; bound to another payment
    * → 409 and nothing is sent. Only read here: a settlement binds it once it moved money or sent a
    * transaction (see settle), so /verify stays read-only and a forged payment cannot take the id.
@@ -183,10 +200,15 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
           ? { failed: false, value: { isValid: false, invalidReason: refusal.reason, invalidMessage: refusal.message, payer: payerOf(payload) } as VerifyResponse, error: undefined }
           : await watchRpc(() =>
               withAssetCode(opts.signer, requirements, async () => {
-                const forged = await counterfactualRefusal(payload, requirements);
+                const forged = (await counterfactualRefusal(payload, requirements)) ?? (await sponsorRefusal(payload, requirements));
                 if (forged) return { isValid: false, invalidReason: forged.reason, invalidMessage: forged.message, payer: payerOf(payload) } as VerifyResponse;
                 const fast = requirements.scheme === "exact" ? await fastExact.verify(payload, requirements) : undefined;
-                return scrub(fast ?? (await core.verify(payload, requirements)));
+                if (fast) return scrub(fast);
+                // A sponsored approval's simulation answers the mechanism with a boolean: its reason is read back here.
+                const verdict: { refusal?: SponsorRefusal } = {};
+                const r = await sponsorVerdict.run(verdict, () => core.verify(payload, requirements));
+                if (!r.isValid && verdict.refusal) return { ...r, invalidReason: verdict.refusal.code, invalidMessage: conciseMessage(verdict.refusal.message) };
+                return scrub(r);
               }),
             );
         if (value && (value.isValid || !failed)) r = value;
@@ -228,7 +250,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
                 gas,
                 run: () =>
                   withAssetCode(opts.signer, requirements, async () => {
-                    const forged = await counterfactualRefusal(payload, requirements);
+                    const forged = (await counterfactualRefusal(payload, requirements)) ?? (await sponsorRefusal(payload, requirements));
                     if (forged) return { success: false, errorReason: forged.reason, errorMessage: forged.message, transaction: "", network: requirements.network, payer: payerOf(payload) } as SettleResponse;
                     return withDecodedReverts(() => core.settle(payload, requirements));
                   }),
@@ -249,11 +271,15 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
         await opts.coordinator.bindIdentifier(clientId, payload, requirements).catch((e: unknown) => opts.logger.warn({ err: errorSummary(e) }, "payment identifier not bound"));
       }
       // The size of the router's next reservation for this scheme (no quote when the RPC is down).
-      // (A counterfactual payer's wallet may be deployed first: one more transaction, of kind "other".)
+      // (A counterfactual payer's wallet may be deployed first, a sponsored payer funded first: one more transaction each.)
       if (gas) {
         const kinds = SCHEME_TRANSACTION_KINDS[requirements.scheme] ?? [];
-        gas.quote = await Promise.all([opts.signer.worstCase(kinds), factories.length ? opts.signer.worstCase(["other"]) : 0n])
-          .then(([settle, deploy]) => settle + deploy)
+        gas.quote = await Promise.all([
+          opts.signer.worstCase(kinds),
+          factories.length ? opts.signer.worstCase(["wallet_deployment"]) : 0n,
+          sponsor && requirements.scheme !== "batch-settlement" ? Promise.all([opts.signer.worstCase(["gas_funding"]), sponsor.fundingBound()]).then(([tx, value]) => tx + value) : 0n,
+        ])
+          .then(([settle, deploy, funding]) => settle + deploy + funding)
           .catch(() => undefined);
       }
       const result = response.success ? "success" : response.errorReason === "settlement_pending" ? "pending" : "failure";

@@ -22,6 +22,7 @@ import { createSettlementCoordinator } from "./settlement/coordinator.ts";
 import { GasMeter } from "./settlement/gas-meter.ts";
 import type { TransactionKind } from "./settlement/gas-policy.ts";
 import { createOutboxSigner, type OutboxSigner } from "./settlement/outbox-signer.ts";
+import { createApprovalSponsor } from "./settlement/approval-sponsor.ts";
 import { configureReceiptPolling } from "./settlement/receipts.ts";
 import { startReconciler } from "./settlement/reconciler.ts";
 import { explainMinedRevert } from "./settlement/reverts.ts";
@@ -91,6 +92,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     crashAt: crashAt && CRASH_POINTS.has(crashAt) ? (crashAt as "after_store" | "after_broadcast") : undefined,
     dataFee: policy.dataFee,
     syncSend: policy.sendRawTransactionSync,
+    eip6492Factories: config.eip6492Factories,
   });
   const balances = watchBalances({
     chain,
@@ -129,7 +131,12 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
         metrics,
       })
     : undefined;
+  const sponsoring = config.approvalSponsoring;
+  const approvalSponsor = sponsoring
+    ? createApprovalSponsor({ signer, chain, store, network: config.network, logger: log, metrics, ...sponsoring, simulateFrom: config.uptoFacilitatorAddress, receiptTimeoutMs: config.receiptTimeoutMs })
+    : undefined;
   const facilitator = createFacilitator({
+    approvalSponsor,
     screening,
     screeningHook,
     network: config.network,

@@ -22,6 +22,9 @@ export function createMetrics(service: string) {
     tenantRequests: new Counter({ name: "x402_tenant_requests_total", help: "Keyed /verify and /settle calls at the router by key id, network, action and outcome (ok: valid / settled)", labelNames: ["key", "network", "action", "result"], ...r }),
     tenantGasSpent: new Counter({ name: "x402_tenant_gas_spent_wei_total", help: "Wei of gas charged to keys' gas budgets at the router (what the chain says a settlement cost; its whole reservation while unknown), by key id and network", labelNames: ["key", "network"], ...r }),
     screeningChecks: new Counter({ name: "x402_screening_checks_total", help: "Screening verdicts at /verify and /settle by source (deny_list, hook) and result (allowed, denied, unavailable_open, unavailable_closed)", labelNames: ["network", "source", "result"], ...r }),
+    // The erc20ApprovalGasSponsoring extension: what payers were funded with, and how sponsored settlements ended.
+    gasFunded: new Counter({ name: "x402_settlement_gas_funded_wei_total", help: "Wei of native currency sent to payers to pay for their Permit2 approval (erc20ApprovalGasSponsoring)", labelNames: ["network"], ...r }),
+    approvalSponsorings: new Counter({ name: "x402_settlement_approval_sponsorings_total", help: "Sponsored approvals at /settle by result (settled, or the refusal's reason code)", labelNames: ["network", "result"], ...r }),
     httpRequests: new Counter({ name: "x402_http_requests_total", help: "HTTP requests by route and status", labelNames: ["service", "route", "status"], ...r }),
     httpDuration: new Histogram({ name: "x402_http_request_duration_seconds", help: "HTTP request latency", labelNames: ["service", "route"], buckets: LATENCY_BUCKETS, ...r }),
     rpcRequests: new Counter({ name: "x402_rpc_requests_total", help: "JSON-RPC requests by endpoint (host), method and result", labelNames: ["network", "endpoint", "method", "result"], ...r }),

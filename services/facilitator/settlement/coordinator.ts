@@ -5,6 +5,8 @@
 // answered from the record. A payment that produced a transaction is never executed again: only its
 // transaction is driven to a receipt. Waits are bounded: past the bound the answer is
 // `settlement_pending` with the transaction's hash, and a retry reports the current state.
+// Only the mechanism's own transactions decide an outcome: a gas funding or a wallet deployment
+// that came before one prepared the payment and moved none of its money (store.isDecisive).
 import { randomUUID } from "node:crypto";
 import type { PaymentPayload, PaymentRequirements, SettleResponse } from "@x402/core/types";
 import { erc20Abi, type Address } from "viem";
@@ -13,7 +15,7 @@ import type { GasMeter } from "./gas-meter.ts";
 import { settlementContext } from "./context.ts";
 import { paymentDigest, paymentIdentity } from "./payment-id.ts";
 import { pollMined, sleep } from "./receipts.ts";
-import type { SettlementStore } from "./store.ts";
+import { isDecisive, type SettlementStore } from "./store.ts";
 
 export interface CoordinatorOptions {
   store: SettlementStore;
@@ -79,7 +81,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
     for (;;) {
       const row = (await store.payment(paymentId))!;
       if (row.state === "succeeded" || row.state === "failed") return row.response as unknown as SettleResponse;
-      const txs = await store.outboxForPayment(paymentId);
+      const txs = (await store.outboxForPayment(paymentId)).filter(isDecisive);
       const open = txs.filter((t) => OPEN.has(t.state));
       for (const tx of open) {
         const mined = await pollMined(opts.chain, tx.hashes, opts.confirmations); // one shared, budgeted poller per process
@@ -125,7 +127,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
     if (!(await store.owns(paymentId, owner))) {
       return failure(SETTLEMENT_BUSY, payer, "this request took too long and another request took over this payment; retry /settle");
     }
-    const txs = await store.outboxForPayment(paymentId);
+    const txs = (await store.outboxForPayment(paymentId)).filter(isDecisive);
     if (txs.length === 0) {
       if (result.success) {
         await store.record(paymentId, "succeeded", result as unknown as Record<string, unknown>, owner); // nothing to send (upto with 0)
@@ -198,7 +200,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
         if (claim.claimed) return execute(job, id, payer, deadline, owner);
         const row = claim.row;
         const final = row.state === "succeeded" || row.state === "failed";
-        const sent = final || (await store.outboxForPayment(id)).length > 0;
+        const sent = final || (await store.outboxForPayment(id)).some(isDecisive);
         if (row.digest !== digest) {
           // Another payment holds this nonce. Once it has a transaction (or an outcome) this one can
           // never execute; before that it may still be refused and release the id, so a forged

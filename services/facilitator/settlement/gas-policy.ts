@@ -20,6 +20,8 @@ export type TransactionKind =
   | "batch_withdraw"
   | "batch_multicall"
   | "nonce_filler"
+  | "gas_funding"
+  | "wallet_deployment"
   | "other";
 
 /**
@@ -40,8 +42,17 @@ export const DEFAULT_GAS_CEILINGS: Record<TransactionKind, bigint> = {
   batch_withdraw: 300_000n,
   batch_multicall: 5_000_000n,
   nonce_filler: 21_000n,
+  gas_funding: 21_000n,
+  wallet_deployment: 1_000_000n,
   other: 1_000_000n,
 };
+
+/**
+ * Transactions that prepare a payment but do not settle it (native gas for a payer's approval, a
+ * counterfactual wallet's deployment): they never decide a payment's outcome, only the
+ * mechanism's own transaction does (store.ts, coordinator.ts).
+ */
+export const AUXILIARY_KINDS: readonly TransactionKind[] = ["gas_funding", "wallet_deployment"];
 
 export const TRANSACTION_KINDS = Object.keys(DEFAULT_GAS_CEILINGS) as TransactionKind[];
 
@@ -62,10 +73,16 @@ const BATCH: Record<string, TransactionKind> = {
   "0xac9650d8": "batch_multicall",
 };
 
-/** The kind of a transaction, from its target and the first four bytes of its calldata. */
-export function transactionKind(from: Address, to: Address, data: Hex): TransactionKind {
+/**
+ * The kind of a transaction, from its target and the first four bytes of its calldata; a plain
+ * value transfer to someone else funds a payer's gas, a call to an allowed ERC-6492 factory deploys
+ * a wallet.
+ */
+export function transactionKind(from: Address, to: Address, data: Hex, context: { value?: bigint; factories?: readonly Address[] } = {}): TransactionKind {
   const selector = data.slice(0, 10).toLowerCase();
   if (data.length <= 2 && isAddressEqual(from, to)) return "nonce_filler";
+  if (data.length <= 2 && (context.value ?? 0n) > 0n) return "gas_funding";
+  if (context.factories?.some((f) => isAddressEqual(f, to))) return "wallet_deployment";
   if (isAddressEqual(to, x402ExactPermit2ProxyAddress)) return EXACT_PROXY[selector] ?? "other";
   if (isAddressEqual(to, x402UptoPermit2ProxyAddress)) return UPTO_PROXY[selector] ?? "other";
   if (isAddressEqual(to, BATCH_SETTLEMENT_CONTRACT)) return BATCH[selector] ?? "other";

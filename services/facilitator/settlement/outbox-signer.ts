@@ -61,6 +61,8 @@ export interface OutboxSignerOptions {
    * it, or past ours, the transaction is in the pool and the receipt wait polls for it.
    */
   syncSend?: boolean;
+  /** ERC-6492 factories: a call to one deploys a payer's wallet (kind wallet_deployment, never a payment's outcome). */
+  eip6492Factories?: readonly Address[];
 }
 
 /** How long an endpoint that did not know eth_sendRawTransactionSync is not asked again. */
@@ -89,7 +91,7 @@ export type SendOutcome = "sent" | BroadcastOutcome;
 
 export interface OutboxSigner extends FacilitatorEvmSigner {
   /** Signs, stores and broadcasts a transaction (an explicit gas limit is checked against its kind's ceiling too). */
-  sendTransaction(args: { to: Address; data: Hex; gas?: bigint }): Promise<Hex>;
+  sendTransaction(args: { to: Address; data: Hex; gas?: bigint; value?: bigint }): Promise<Hex>;
   /** Broadcasts a stored transaction (again); idempotent; throws when it was not accepted. */
   broadcast(row: Pick<OutboxRow, "id" | "raw_tx" | "hash" | "hashes">): Promise<void>;
   /** Broadcasts a stored transaction and says how the node took it (never throws for a node's answer). */
@@ -189,8 +191,8 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     });
   }
 
-  async function sign(account: PrivateKeyAccount, tx: { to: Hex; data: Hex; gas: bigint; nonce: bigint; maxFeePerGas: bigint; maxPriorityFeePerGas: bigint }) {
-    const raw = await account.signTransaction({ chainId: chain.id, type: "eip1559", to: tx.to, data: tx.data, gas: tx.gas, nonce: Number(tx.nonce), maxFeePerGas: tx.maxFeePerGas, maxPriorityFeePerGas: tx.maxPriorityFeePerGas });
+  async function sign(account: PrivateKeyAccount, tx: { to: Hex; data: Hex; gas: bigint; nonce: bigint; maxFeePerGas: bigint; maxPriorityFeePerGas: bigint; value?: bigint }) {
+    const raw = await account.signTransaction({ chainId: chain.id, type: "eip1559", to: tx.to, data: tx.data, gas: tx.gas, nonce: Number(tx.nonce), maxFeePerGas: tx.maxFeePerGas, maxPriorityFeePerGas: tx.maxPriorityFeePerGas, ...(tx.value ? { value: tx.value } : {}) });
     return { raw, hash: keccak256(raw) };
   }
 
@@ -292,11 +294,12 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     }
   }
 
-  async function sendTransaction(args: { to: Address; data: Hex; gas?: bigint }): Promise<Hex> {
+  async function sendTransaction(args: { to: Address; data: Hex; gas?: bigint; value?: bigint }): Promise<Hex> {
     const ctx = settlementContext.getStore();
     const paymentId = ctx?.paymentId ?? `untracked:${Date.now()}:${Math.random()}`;
     const account = pick();
-    const kind = transactionKind(account.address, args.to, args.data);
+    const value = args.value ?? 0n;
+    const kind = transactionKind(account.address, args.to, args.data, { value, factories: opts.eip6492Factories });
     busy.set(account.address, busy.get(account.address)! + 1);
     let awaitingReceipt = false;
     try {
@@ -306,7 +309,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       const dataFee = fees.then((fee) => checkDataFee(kind, args, args.gas ?? policy.ceiling(kind), fee));
       const [estimate, fee] = await Promise.all([
         args.gas ??
-          client.estimateGas({ account: account.address, to: args.to, data: args.data }).catch(async (e) => {
+          client.estimateGas({ account: account.address, to: args.to, data: args.data, ...(value ? { value } : {}) }).catch(async (e) => {
             // The call would revert now: say why, in a reason code and a line without calldata.
             const why = await explainCallFailure(opts.chain, kind, args.to, args.data, e);
             if (why) fail(kind, why.code, why.message);
@@ -332,13 +335,14 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       // Headroom over the estimate, never past the ceiling.
       const padded = args.gas ?? (estimate * 12n) / 10n;
       const gas = padded > policy.ceiling(kind) ? policy.ceiling(kind) : padded;
-      // A tenant's gas budget (gas-meter.ts): the worst this transaction can cost must fit what is left.
-      const worst = gas * fee.maxFeePerGas;
+      // A tenant's gas budget (gas-meter.ts): the worst this transaction can cost must fit what is left
+      // (a gas funding's value is spent too).
+      const worst = gas * fee.maxFeePerGas + value;
       if (ctx?.gas && !ctx.gas.commit(worst)) {
         opts.logger.warn({ kind, worst: worst.toString(), remaining: String(ctx.gas.remaining()) }, "gas allowance of the caller exhausted: not signed");
         fail(kind, GAS_BUDGET_EXHAUSTED, `the ${kind} transaction may cost up to ${worst} wei, more than the ${ctx.gas.remaining()} wei left of the API key's gas budget for today; nothing was sent`);
       }
-      const entry = { paymentId, claimOwner: ctx?.owner, signer: account.address, to: args.to, data: args.data, gas, kind, maxFeePerGas: fee.maxFeePerGas, maxPriorityFeePerGas: fee.maxPriorityFeePerGas };
+      const entry = { paymentId, claimOwner: ctx?.owner, signer: account.address, to: args.to, data: args.data, gas, kind, value, maxFeePerGas: fee.maxFeePerGas, maxPriorityFeePerGas: fee.maxPriorityFeePerGas };
       let row = await opts.store.allocateAndStore(entry, () => client.getTransactionCount({ address: account.address, blockTag: "pending" }), (nonce) => sign(account, { ...entry, nonce }));
       crash("after_store", opts.crashAt);
       for (let attempt = 0; ; attempt++) {
@@ -392,7 +396,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       const ceiling = kinds.reduce((max, k) => (policy.ceiling(k) > max ? policy.ceiling(k) : max), 0n);
       return ceiling * (await marketFees()).cap;
     },
-    resign: (row, fee) => sign(accounts.get(row.signer.toLowerCase())!, { to: row.to_address, data: row.data, gas: BigInt(row.gas), nonce: BigInt(row.nonce), ...fee }),
+    resign: (row, fee) => sign(accounts.get(row.signer.toLowerCase())!, { to: row.to_address, data: row.data, gas: BigInt(row.gas), nonce: BigInt(row.nonce), value: BigInt(row.value ?? "0"), ...fee }),
 
     // `account` (an eth_call's from) is passed through: upto simulates its settle call as the facilitator.
     readContract: (args) => client.readContract(args as Parameters<typeof client.readContract>[0]),
@@ -421,7 +425,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       return sendTransaction({ to: args.address, data: `${data}${suffix}` as Hex, gas: args.gas });
     },
 
-    sendTransaction: (args) => sendTransaction(args),
+    sendTransaction: (args) => sendTransaction(args as Parameters<typeof sendTransaction>[0]),
 
     async waitForTransactionReceipt(args) {
       const deadline = Date.now() + Math.min(args.timeout ?? opts.receiptTimeoutMs, opts.receiptTimeoutMs);

@@ -78,6 +78,8 @@ const RULES: Record<TransactionKind, { rules: Rule[]; fallback: string }> = {
   batch_withdraw: { rules: [], fallback: "invalid_transaction_state" },
   batch_multicall: { rules: [], fallback: "invalid_transaction_state" },
   nonce_filler: { rules: [], fallback: "invalid_transaction_state" },
+  gas_funding: { rules: [], fallback: "erc20_approval_broadcast_failed" },
+  wallet_deployment: { rules: [], fallback: "smart_wallet_deployment_failed" },
   other: { rules: [], fallback: "invalid_transaction_state" },
 };
 

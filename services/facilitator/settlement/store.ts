@@ -2,6 +2,7 @@
 // counters, and the outbox of signed transactions. Every query is plain PostgreSQL and runs the
 // same on the embedded engine and on a server shared by several facilitator processes.
 import type { Database, Migration } from "../../platform/storage.ts";
+import { AUXILIARY_KINDS } from "./gas-policy.ts";
 
 export const SETTLEMENT_MIGRATIONS: Migration[] = [
   {
@@ -105,7 +106,38 @@ CREATE TABLE settlement_payment_identifiers (
   PRIMARY KEY (network, identifier)
 )`,
   },
+  {
+    // The erc20ApprovalGasSponsoring extension: a transaction may carry native value (the gas a
+    // payer is funded with for its approval), and every funding is recorded with the approval it
+    // paid for, so a payer who spent it on something else is never funded again and a network's
+    // fundings per day stay under their bound.
+    id: "settlement/006_gas_fundings",
+    sql: `
+ALTER TABLE settlement_outbox ADD COLUMN value numeric(78,0) NOT NULL DEFAULT 0;
+CREATE TABLE settlement_gas_fundings (
+  network text NOT NULL,
+  approval_hash text NOT NULL,
+  payer text NOT NULL,
+  payment_id text NOT NULL,
+  funded_wei numeric(78,0) NOT NULL,
+  day date NOT NULL DEFAULT (now() AT TIME ZONE 'UTC')::date,
+  state text NOT NULL CHECK (state IN ('funded', 'approved', 'abused')),
+  created_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (network, approval_hash)
+);
+CREATE INDEX settlement_gas_fundings_payer ON settlement_gas_fundings (network, payer);
+CREATE INDEX settlement_gas_fundings_day ON settlement_gas_fundings (network, day)`,
+  },
 ];
+
+/** SQL: an outbox row (alias o) that can decide its payment's outcome (not a funding or a deployment). */
+const DECISIVE = `COALESCE(o.kind, '') NOT IN (${AUXILIARY_KINDS.map((k) => `'${k}'`).join(", ")})`;
+
+/** Whether a transaction can decide its payment's outcome: the mechanism's own, not one that prepared it. */
+export const isDecisive = (row: Pick<OutboxRow, "kind">) => !AUXILIARY_KINDS.includes((row.kind ?? "") as never);
+
+export type GasFundingState = "funded" | "approved" | "abused";
 
 export type PaymentState = "claimed" | "pending" | "succeeded" | "failed";
 export type OutboxState = "signed" | "broadcast" | "confirmed" | "reverted" | "dropped";
@@ -138,6 +170,8 @@ export interface OutboxRow {
   hash: `0x${string}`;
   hashes: `0x${string}`[];
   state: OutboxState;
+  /** Native value sent with the transaction (wei; a gas funding's amount). */
+  value: string;
   attempts: number;
   mined_hash: `0x${string}` | null;
   /** Since creation, or since the last reorg put it back on its way. */
@@ -172,6 +206,8 @@ export interface NewOutboxEntry {
   gas: bigint;
   maxFeePerGas: bigint;
   maxPriorityFeePerGas: bigint;
+  /** Native value sent with it (a gas funding); none by default. */
+  value?: bigint;
   /** The transaction kind (gas-policy.ts), for ceilings and revert decoding. */
   kind?: string;
 }
@@ -179,7 +215,7 @@ export interface NewOutboxEntry {
 const OUTBOX_COLUMNS = `id::text AS id, payment_id, signer, nonce::text AS nonce, to_address, data, gas::text AS gas,
   max_fee_per_gas::text AS max_fee_per_gas, max_priority_fee_per_gas::text AS max_priority_fee_per_gas,
   raw_tx, hash, hashes, state, attempts, mined_hash, EXTRACT(EPOCH FROM (now() - COALESCE(reorged_at, created_at)))::float8 AS age_seconds,
-  raw_txs, kind, reject_reason, mined_block_number::text AS mined_block_number, mined_block_hash, revert_reason, revert_message`;
+  raw_txs, kind, reject_reason, mined_block_number::text AS mined_block_number, mined_block_hash, revert_reason, revert_message, value::text AS value`;
 
 /** Where a receipt was mined, so a reorg that removes it can be noticed. */
 export interface MinedAt {
@@ -224,7 +260,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       const rows = await db.query(
         `UPDATE settlement_payments SET owner = $3, digest = $4, success_extra = $5, reserved = NULL, lease_until = now() + ($6 || ' milliseconds')::interval, updated_at = now()
          WHERE network = $1 AND payment_id = $2 AND state = 'claimed' AND lease_until < now()
-           AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = $2)
+           AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = $2 AND ${DECISIVE})
          RETURNING payment_id`,
         [network, paymentId, owner, digest, JSON.stringify(successExtra), String(leaseMs)],
       );
@@ -244,7 +280,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
         const [row] = await tx.query<{ total: string }>(
           `SELECT COALESCE(sum(reserved), 0)::text AS total FROM settlement_payments p
            WHERE network = $1 AND asset = $2 AND reserved_payer = $3 AND payment_id <> $4 AND reserved IS NOT NULL AND state IN ('claimed', 'pending')
-             AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = p.payment_id AND o.state IN ('confirmed', 'reverted'))`,
+             AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = p.payment_id AND o.state IN ('confirmed', 'reverted') AND ${DECISIVE})`,
           [network, asset, payer, paymentId],
         );
         const inFlight = BigInt(row!.total);
@@ -311,7 +347,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     async release(paymentId: string, owner: string): Promise<void> {
       await db.query(
         `DELETE FROM settlement_payments p WHERE network = $1 AND payment_id = $2 AND state = 'claimed' AND owner = $3
-           AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = $2)`,
+           AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = $2 AND ${DECISIVE})`,
         [network, paymentId, owner],
       );
     },
@@ -331,10 +367,13 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       return db.transaction(async (tx) => {
         if (entry.claimOwner) {
           // The fence: sign only while this run still holds its payment's claim, and from now on the
-          // claim can no longer be taken over (a lease without an end).
+          // claim can no longer be taken over (a lease without an end). A funding or a deployment
+          // keeps the lease: until the payment's own transaction exists, a crashed run's claim may be
+          // taken over (the preparation is found done, not repeated).
           const held = await tx.query(
-            `UPDATE settlement_payments SET lease_until = NULL, updated_at = now() WHERE network = $1 AND payment_id = $2 AND owner = $3 AND state = 'claimed' RETURNING 1`,
-            [network, entry.paymentId, entry.claimOwner],
+            `UPDATE settlement_payments SET lease_until = CASE WHEN $4 THEN lease_until ELSE NULL END, updated_at = now()
+             WHERE network = $1 AND payment_id = $2 AND owner = $3 AND state = 'claimed' RETURNING 1`,
+            [network, entry.paymentId, entry.claimOwner, !isDecisive({ kind: entry.kind ?? null })],
           );
           if (held.length === 0) throw new ClaimLostError(`the claim on this payment passed to another request; nothing was signed`);
         }
@@ -349,9 +388,9 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
         const signed = await sign(nonce);
         await tx.query(`UPDATE settlement_nonces SET next_nonce = $3 WHERE network = $1 AND signer = $2`, [network, entry.signer, (nonce + 1n).toString()]);
         const [row] = await tx.query<OutboxRow>(
-          `INSERT INTO settlement_outbox (network, payment_id, signer, nonce, to_address, data, gas, max_fee_per_gas, max_priority_fee_per_gas, raw_tx, hash, hashes, state, raw_txs, kind)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, ARRAY[$11], 'signed', ARRAY[$10], $12) RETURNING ${OUTBOX_COLUMNS}`,
-          [network, entry.paymentId, entry.signer, nonce.toString(), entry.to, entry.data, entry.gas.toString(), entry.maxFeePerGas.toString(), entry.maxPriorityFeePerGas.toString(), signed.raw, signed.hash, entry.kind ?? null],
+          `INSERT INTO settlement_outbox (network, payment_id, signer, nonce, to_address, data, gas, max_fee_per_gas, max_priority_fee_per_gas, raw_tx, hash, hashes, state, raw_txs, kind, value)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, ARRAY[$11], 'signed', ARRAY[$10], $12, $13) RETURNING ${OUTBOX_COLUMNS}`,
+          [network, entry.paymentId, entry.signer, nonce.toString(), entry.to, entry.data, entry.gas.toString(), entry.maxFeePerGas.toString(), entry.maxPriorityFeePerGas.toString(), signed.raw, signed.hash, entry.kind ?? null, (entry.value ?? 0n).toString()],
         );
         return row!;
       });
@@ -390,9 +429,14 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       return rows.length > 0;
     },
 
-    /** Records a mined transaction as the outcome of its payment (and of the outbox row). */
+    /**
+     * Records a mined transaction as the outcome of its payment (and of the outbox row). A funding
+     * or a deployment is only marked mined: it prepared the payment and says nothing of its outcome.
+     */
     async recordMined(paymentId: string, txId: string, minedHash: string, success: boolean, gasWei?: bigint, minedAt?: MinedAt): Promise<void> {
+      const [aux] = await db.query(`SELECT 1 FROM settlement_outbox o WHERE id = $1 AND NOT (${DECISIVE})`, [txId]);
       const mined = await this.markMined(txId, minedHash, success, gasWei, minedAt);
+      if (aux) return;
       const payment = await this.payment(paymentId);
       if (!payment) return;
       const base = { transaction: minedHash, network, ...(payment.payer ? { payer: payment.payer } : {}) };
@@ -501,6 +545,47 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
         [id, blockHash],
       );
       return row;
+    },
+
+    /**
+     * Records a gas funding before it is sent: refused (false) when the payer was funded before
+     * and spent it on something else, or when the network's fundings of the day would pass
+     * `dailyBoundWei`. Fundings of one network are serialised, so replicas never pass the bound
+     * together. A retried payment's funding of the same approval is the same row.
+     */
+    async recordGasFunding(f: { approvalHash: string; payer: string; paymentId: string; fundedWei: bigint; dailyBoundWei?: bigint }): Promise<{ recorded: true } | { recorded: false; why: "abused" | "daily_bound" }> {
+      return db.transaction(async (tx) => {
+        await tx.query(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, [`${network}|gas-funding`]);
+        const [same] = await tx.query(`SELECT 1 FROM settlement_gas_fundings WHERE network = $1 AND approval_hash = $2`, [network, f.approvalHash]);
+        if (same) return { recorded: true as const };
+        const [abused] = await tx.query(`SELECT 1 FROM settlement_gas_fundings WHERE network = $1 AND payer = $2 AND state = 'abused'`, [network, f.payer]);
+        if (abused) return { recorded: false as const, why: "abused" as const };
+        if (f.dailyBoundWei !== undefined) {
+          const [day] = await tx.query<{ total: string }>(
+            `SELECT COALESCE(sum(funded_wei), 0)::text AS total FROM settlement_gas_fundings WHERE network = $1 AND day = (now() AT TIME ZONE 'UTC')::date`,
+            [network],
+          );
+          if (BigInt(day!.total) + f.fundedWei > f.dailyBoundWei) return { recorded: false as const, why: "daily_bound" as const };
+        }
+        await tx.query(`INSERT INTO settlement_gas_fundings (network, approval_hash, payer, payment_id, funded_wei, state) VALUES ($1, $2, $3, $4, $5, 'funded')`, [
+          network,
+          f.approvalHash,
+          f.payer,
+          f.paymentId,
+          f.fundedWei.toString(),
+        ]);
+        return { recorded: true as const };
+      });
+    },
+
+    /** A funded approval landed (approved) or the funding was spent on something else (abused: the payer is never funded again). */
+    async settleGasFunding(approvalHash: string, state: Exclude<GasFundingState, "funded">): Promise<void> {
+      await db.query(`UPDATE settlement_gas_fundings SET state = $3, updated_at = now() WHERE network = $1 AND approval_hash = $2 AND state = 'funded'`, [network, approvalHash, state]);
+    },
+
+    /** Whether a payer once spent a gas funding on something else than its approval. */
+    async fundingAbused(payer: string): Promise<boolean> {
+      return (await db.query(`SELECT 1 FROM settlement_gas_fundings WHERE network = $1 AND payer = $2 AND state = 'abused'`, [network, payer])).length > 0;
     },
 
     async outboxForPayment(paymentId: string): Promise<OutboxRow[]> {
