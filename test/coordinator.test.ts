@@ -184,3 +184,49 @@ describe("settlement coordinator: reservations", () => {
     await first;
   });
 });
+
+describe("settlement coordinator: transactions that prepare a payment", () => {
+  it("a mined gas funding or wallet deployment never answers for the payment: a crashed run's claim is taken over and the mechanism runs again", async () => {
+    const store = createSettlementStore(db, network);
+    const c = createSettlementCoordinator({ store, chain: {} as ChainClient, network, waitBoundMs: 3000, confirmations: 1, leaseMs: 100, pollIntervalMs: 10 });
+    const p = payload(`0x${"08".repeat(32)}`);
+    let nonce = 100;
+    const prepare = async (kind: string, hashByte: string) => {
+      const ctx = settlementContext.getStore()!;
+      const row = await store.allocateAndStore(
+        { paymentId: ctx.paymentId, claimOwner: ctx.owner, signer: "0x00000000000000000000000000000000000000A2", to: requirements.payTo as `0x${string}`, data: "0x", gas: 21_000n, maxFeePerGas: 1n, maxPriorityFeePerGas: 1n, value: 5n, kind },
+        async () => nonce++,
+        async () => ({ raw: "0x01", hash: `0x${hashByte.repeat(32)}` }),
+      );
+      // Mined successfully, as the reconciler would record it: the payment must not become a success.
+      await store.recordMined(ctx.paymentId, row.id, row.hash, true);
+      return row;
+    };
+    // The run funds the payer and deploys its wallet, then dies before the mechanism's own transaction.
+    await expect(
+      c.settle({
+        payload: p,
+        requirements,
+        reusedReason,
+        run: async () => {
+          await prepare("gas_funding", "c1");
+          await prepare("wallet_deployment", "c2");
+          throw new Error("process died");
+        },
+      }),
+    ).rejects.toThrow("process died");
+    // The retry runs the mechanism (the preparations are not the payment's transaction) and gets its answer.
+    let runs = 0;
+    const retry = await c.settle({
+      payload: p,
+      requirements,
+      reusedReason,
+      run: async () => {
+        runs++;
+        return { success: false, errorReason: "invalid_exact_evm_signature", transaction: "", network };
+      },
+    });
+    expect(runs).toBe(1);
+    expect(retry).toMatchObject({ success: false, errorReason: "invalid_exact_evm_signature" });
+  });
+});
