@@ -76,6 +76,8 @@ export interface FacilitatorNetworkSpec {
   assets?: string[];
   /** ERC-6492 factories a counterfactual payer's wallet may be deployed through (none: refused). */
   eip6492Factories?: string[];
+  /** The erc20ApprovalGasSponsoring extension: payers' approvals funded (bounded) and relayed. */
+  gasSponsoring?: { erc20Approval?: { enabled: boolean; maxApprovalGas?: number; maxFundingWei?: string; dailyFundingWei?: string } };
   database?: { urlSecretRef: SecretKeyRef };
   /**
    * A deny-list of payer and payee addresses, from a ConfigMap key (mounted; edits apply without a

@@ -135,6 +135,13 @@ export function facilitatorEnv(fn: FacilitatorNetwork): EnvVar[] {
   if (s.maxFeePerGasWei !== undefined) env.push({ name: "X402_MAX_FEE_PER_GAS_WEI", value: s.maxFeePerGasWei });
   if (spec.assets?.length) env.push({ name: "X402_ASSETS", value: spec.assets.join(",") });
   if (spec.eip6492Factories?.length) env.push({ name: "X402_EIP6492_FACTORIES", value: spec.eip6492Factories.join(",") });
+  const approval = spec.gasSponsoring?.erc20Approval;
+  if (approval?.enabled) {
+    env.push({ name: "X402_ERC20_APPROVAL_SPONSORING", value: "on" });
+    if (approval.maxApprovalGas !== undefined) env.push({ name: "X402_ERC20_APPROVAL_MAX_GAS", value: String(approval.maxApprovalGas) });
+    if (approval.maxFundingWei !== undefined) env.push({ name: "X402_ERC20_APPROVAL_MAX_FUNDING_WEI", value: approval.maxFundingWei });
+    if (approval.dailyFundingWei !== undefined) env.push({ name: "X402_ERC20_APPROVAL_DAILY_FUNDING_WEI", value: approval.dailyFundingWei });
+  }
   if (spec.screening?.denyListConfigMapRef) env.push({ name: "X402_DENY_LIST_FILE", value: `${SCREENING_MOUNT_PATH}/deny-list.txt` });
   const hook = spec.screening?.service;
   if (hook) {
@@ -562,7 +569,10 @@ export function buildRoutingTable(fns: readonly FacilitatorNetwork[], clusterDom
       url: serviceUrl(fn, clusterDomain),
       kinds: fn.status.kinds.map((k) => ({ ...k, network: fn.spec.network as `${string}:${string}` })),
       signers: [...(fn.status.signers ?? [])],
-      extensions: extensionsFor(fn.status.kinds.map((k) => k.scheme)),
+      extensions: extensionsFor(
+        fn.status.kinds.map((k) => k.scheme),
+        { erc20ApprovalSponsoring: fn.spec.gasSponsoring?.erc20Approval?.enabled === true },
+      ),
     });
   }
   backends.sort((a, b) => chainIdOfNetwork(a.network) - chainIdOfNetwork(b.network));

@@ -184,7 +184,7 @@ describe("erc20ApprovalGasSponsoring (USDT on eip155:56)", () => {
     const payer = await gaslessPayer();
     const test = createTestClient({ mode: "anvil", transport: http(net().rpcUrl) });
     const body = await sponsoredBody(payer);
-    const approval = parseTransaction((body.paymentPayload.extensions as Record<string, { info: { signedTransaction: Hex } }>).erc20ApprovalGasSponsoring.info.signedTransaction);
+    const approval = parseTransaction((body.paymentPayload.extensions as Record<string, { info: { signedTransaction: Hex } }>).erc20ApprovalGasSponsoring!.info.signedTransaction);
     // The payer's competing transaction: the same nonce, a higher fee, paid from the funding.
     const competing = await payer.signTransaction({ chainId: 56, type: "eip1559", to: payer.address, value: 0n, gas: 21_000n, nonce: approval.nonce!, maxFeePerGas: approval.maxFeePerGas! * 2n, maxPriorityFeePerGas: approval.maxFeePerGas! * 2n });
     const before = await onChain(payer.address);

@@ -144,6 +144,26 @@ describe("the Deployment", () => {
     expect(env(network()).X402_EIP6492_FACTORIES).toBeUndefined();
   });
 
+  it("switches ERC-20 approval gas sponsoring on with its bounds; the routing table advertises it only there", () => {
+    const fn = network({ network: "eip155:56", gasSponsoring: { erc20Approval: { enabled: true, maxApprovalGas: 80_000, maxFundingWei: "1000000000000000", dailyFundingWei: "50000000000000000" } } });
+    const e = env(fn);
+    expect([e.X402_ERC20_APPROVAL_SPONSORING!.value, e.X402_ERC20_APPROVAL_MAX_GAS!.value, e.X402_ERC20_APPROVAL_MAX_FUNDING_WEI!.value, e.X402_ERC20_APPROVAL_DAILY_FUNDING_WEI!.value]).toEqual([
+      "on",
+      "80000",
+      "1000000000000000",
+      "50000000000000000",
+    ]);
+    expect(env(network({ gasSponsoring: { erc20Approval: { enabled: false } } })).X402_ERC20_APPROVAL_SPONSORING).toBeUndefined();
+    expect(env(network()).X402_ERC20_APPROVAL_SPONSORING).toBeUndefined();
+    const ctx = { now: NOW, clusterDomain: "cluster.local" };
+    const ready = (f: FacilitatorNetwork): FacilitatorNetwork => ({ ...f, status: buildStatus(f, { signers: ["0x70997970C51812dc3A010C7d01b50e0d17dc79C8"] }, available, ctx) });
+    const table = buildRoutingTable([ready({ ...fn, metadata: { ...fn.metadata, name: "bsc", uid: "uid-bsc" } }), ready(network())], "cluster.local");
+    expect(table.backends.map((b) => [b.network, b.extensions.includes("erc20ApprovalGasSponsoring")])).toEqual([
+      ["eip155:56", true],
+      ["eip155:8453", false],
+    ]);
+  });
+
   it("points the pods at a screening service: its URL from the Secret, its budget, failure policy and cache; the Secret is watched", () => {
     const fn = network({ screening: { service: { urlSecretRef: { name: "screening", key: "url" }, timeoutMs: 250, failure: "open", cacheSeconds: 30 } } });
     const e = env(fn);
