@@ -204,7 +204,6 @@ export function createApprovalSponsor(opts: ApprovalSponsorOptions): ApprovalSpo
     const ctx = settlementContext.getStore();
     const p = await plan(raw, settle);
     const { approval } = p;
-    let funded = false;
     if (p.deficit > 0n) {
       // A funding this payment already sent (a run taken over after a crash) is waited for, not repeated.
       const earlier = ctx ? (await opts.store.outboxForPayment(ctx.paymentId)).find((t) => t.kind === "gas_funding" && t.state !== "dropped") : undefined;
@@ -222,7 +221,6 @@ export function createApprovalSponsor(opts: ApprovalSponsorOptions): ApprovalSpo
       }
       const receipt = await opts.signer.waitForTransactionReceipt({ hash });
       if (receipt.status !== "success") refuse("erc20_approval_broadcast_failed", "the gas funding of the payer failed; the approval was not relayed");
-      funded = true;
     }
     if (!p.relayed) {
       try {
@@ -232,25 +230,34 @@ export function createApprovalSponsor(opts: ApprovalSponsorOptions): ApprovalSpo
         if (outcome !== "already_known") {
           if (outcome === "unreachable") noteRpcFailure(e);
           // Checked a moment ago; refused now: the payer used its nonce or its (funded) gas elsewhere.
-          if (funded && (outcome === "nonce_too_low" || outcome === "insufficient_funds" || outcome === "replacement_underpriced")) await abused(approval);
+          if (outcome === "nonce_too_low" || outcome === "insufficient_funds" || outcome === "replacement_underpriced") await abused(approval);
           refuse("erc20_approval_broadcast_failed", `the node refused the payer's approval (${outcome}); the settlement was not sent`);
         }
       }
     }
     const receipt = await approvalReceipt(approval);
     if (!receipt || receipt.status !== "success") {
-      if (funded) await abused(approval);
+      await abused(approval);
       refuse("erc20_approval_tx_failed", receipt ? "the payer's approval reverted; the settlement was not sent" : "the payer's nonce was used by another transaction than its approval; the settlement was not sent");
     }
-    if (funded) await opts.store.settleGasFunding(approval.hash, "approved");
-    // No gas limit: estimated (simulated) again now that the approval is on chain.
-    const settlement = await opts.signer.sendTransaction({ to: settle.to, data: settle.data });
+    // No gas limit: estimated (simulated) again now that the approval is on chain. A revert now
+    // means the payer moved its tokens (or used its Permit2 nonce) after being funded.
+    let settlement: Hex;
+    try {
+      settlement = await opts.signer.sendTransaction({ to: settle.to, data: settle.data });
+    } catch (e) {
+      if (/^permit2_|^upto_|^invalid_(exact|upto)_evm_/.test(settlementContext.getStore()?.failure?.code ?? "")) await abused(approval);
+      throw e;
+    }
+    await opts.store.settleGasFunding(approval.hash, "approved");
     return [approval.hash, settlement];
   }
 
+  /** The payer's funded approval did not lead to its payment: it is never funded again (a no-op when it was not funded). */
   async function abused(approval: Approval): Promise<void> {
-    opts.logger.warn({ payer: approval.payer, approval: approval.hash }, "a funded payer's approval did not land: the payer is not funded again");
-    await opts.store.settleGasFunding(approval.hash, "abused");
+    if (await opts.store.settleGasFunding(approval.hash, "abused")) {
+      opts.logger.warn({ payer: approval.payer, approval: approval.hash }, "a funded payer's approval did not lead to its payment: the payer is not funded again");
+    }
   }
 
   /** A refusal at /settle becomes the answer's reason (withDecodedReverts reads the context). */

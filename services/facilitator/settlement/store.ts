@@ -579,8 +579,9 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     },
 
     /** A funded approval landed (approved) or the funding was spent on something else (abused: the payer is never funded again). */
-    async settleGasFunding(approvalHash: string, state: Exclude<GasFundingState, "funded">): Promise<void> {
-      await db.query(`UPDATE settlement_gas_fundings SET state = $3, updated_at = now() WHERE network = $1 AND approval_hash = $2 AND state = 'funded'`, [network, approvalHash, state]);
+    async settleGasFunding(approvalHash: string, state: Exclude<GasFundingState, "funded">): Promise<boolean> {
+      const rows = await db.query(`UPDATE settlement_gas_fundings SET state = $3, updated_at = now() WHERE network = $1 AND approval_hash = $2 AND state = 'funded' RETURNING 1`, [network, approvalHash, state]);
+      return rows.length > 0;
     },
 
     /** Whether a payer once spent a gas funding on something else than its approval. */
