@@ -18,7 +18,6 @@ import {
   defineChain,
   encodeAbiParameters,
   encodeFunctionData,
-  domainSeparator,
   hashTypedData,
   http,
   keccak256,
@@ -98,6 +97,74 @@ const permit2Abi = parseAbi([
   "error InvalidSignature()",
   "error InvalidSignatureLength()",
   "error SignatureExpired(uint256 signatureDeadline)",
+]);
+// What the deployed x402BatchSettlement and its deposit collectors show from outside beyond the
+// published batchSettlementABI (which carries functions and one event, no errors): their events,
+// custom errors and getters, as facts from their published source. Logs and reverts in these
+// tests decode with these and the published ABIs, never with our contracts' own ABI, so a stand-in
+// that drifts (another name, argument or order) fails a test.
+const CHANNEL_CONFIG = "(address payer,address payerAuthorizer,address receiver,address receiverAuthorizer,address token,uint40 withdrawDelay,bytes32 salt)";
+const deployedBatchFacts = parseAbi([
+  `event ChannelCreated(bytes32 indexed channelId, ${CHANNEL_CONFIG} config)`,
+  `event ChannelClosed(bytes32 indexed channelId, ${CHANNEL_CONFIG} config)`,
+  "event Deposited(bytes32 indexed channelId, address indexed sender, uint128 amount, uint128 newBalance)",
+  "event Claimed(bytes32 indexed channelId, address indexed sender, uint128 claimAmount, uint128 newTotalClaimed)",
+  "event Settled(address indexed receiver, address indexed token, address indexed sender, uint128 amount)",
+  "event Refunded(bytes32 indexed channelId, address indexed sender, uint128 amount)",
+  "event WithdrawInitiated(bytes32 indexed channelId, uint128 amount, uint40 finalizeAfter)",
+  "event WithdrawFinalized(bytes32 indexed channelId, address indexed sender, uint128 amount)",
+  "error InvalidChannel()",
+  "error ZeroDeposit()",
+  "error DepositOverflow()",
+  "error InvalidSignature()",
+  "error NotReceiverAuthorizer()",
+  "error NotAuthorizedToClaim()",
+  "error NotAuthorizedToRefund()",
+  "error ClaimExceedsCeiling()",
+  "error ClaimExceedsBalance()",
+  "error WithdrawalAlreadyPending()",
+  "error WithdrawalNotPending()",
+  "error NotAuthorizedToFinalizeWithdraw()",
+  "error WithdrawDelayNotElapsed()",
+  "error NothingToWithdraw()",
+  "error WithdrawAmountExceedsAvailable()",
+  "error WithdrawDelayOutOfRange()",
+  "error EmptyBatch()",
+  "error DepositCollectionFailed()",
+  "error InvalidCollector()",
+  "error InvalidRefundNonce()",
+  "error ZeroRefund()",
+  // OpenZeppelin's, raised by the deployed contract: ReentrancyGuardTransient, SafeERC20, ECDSA.
+  "error ReentrancyGuardReentrantCall()",
+  "error SafeERC20FailedOperation(address token)",
+  "error ECDSAInvalidSignature()",
+  "error ECDSAInvalidSignatureLength(uint256 length)",
+  "error ECDSAInvalidSignatureS(bytes32 s)",
+  // Getters beyond the published functions: the constants and EIP-5267's eip712Domain (no DOMAIN_SEPARATOR()).
+  "function MIN_WITHDRAW_DELAY() view returns (uint40)",
+  "function MAX_WITHDRAW_DELAY() view returns (uint40)",
+  "function VOUCHER_TYPEHASH() view returns (bytes32)",
+  "function REFUND_TYPEHASH() view returns (bytes32)",
+  "function CLAIM_ENTRY_TYPEHASH() view returns (bytes32)",
+  "function CLAIM_BATCH_TYPEHASH() view returns (bytes32)",
+  "function eip712Domain() view returns (bytes1 fields, string name, string version, uint256 chainId, address verifyingContract, bytes32 salt, uint256[] extensions)",
+]);
+const deployedCollectorFacts = parseAbi([
+  "function collect(address payer, address token, uint256 amount, bytes32 channelId, bytes collectorData)",
+  "function x402BatchSettlement() view returns (address)",
+  "error OnlyX402BatchSettlement()",
+  "error InvalidX402BatchSettlementAddress()",
+  "error SafeERC20FailedOperation(address token)",
+]);
+const deployedPermit2CollectorFacts = parseAbi([
+  "function PERMIT2() view returns (address)",
+  "function DEPOSIT_WITNESS_TYPE_STRING() view returns (string)",
+  "function DEPOSIT_WITNESS_TYPEHASH() view returns (bytes32)",
+  "error InvalidPermit2Address()",
+  "error Permit2612AmountMismatch()",
+  "event EIP2612PermitFailedWithReason(address indexed token, address indexed owner, string reason)",
+  "event EIP2612PermitFailedWithPanic(address indexed token, address indexed owner, uint256 errorCode)",
+  "event EIP2612PermitFailedWithData(address indexed token, address indexed owner, bytes data)",
 ]);
 const permitTypes = {
   Permit: [
@@ -323,10 +390,11 @@ beforeAll(async () => {
   const t0 = Date.now();
   [anvil, contracts, ref] = await Promise.all([startAnvil({ chainId: CHAIN_ID }), compileDevnetContracts(), loadReferenceBatchInternals()]);
   tokenAbi = devnetContract(contracts, "DevnetStablecoin").abi;
-  uptoAbi = [...devnetContract(contracts, "DevnetUptoPermit2Proxy").abi, ...permit2Abi];
-  erc3009CollectorAbi = devnetContract(contracts, "DevnetERC3009DepositCollector").abi;
-  permit2CollectorAbi = devnetContract(contracts, "DevnetPermit2DepositCollector").abi;
-  batchAbi = [...devnetContract(contracts, "DevnetBatchSettlement").abi, ...errorsOf(erc3009CollectorAbi), ...errorsOf(permit2CollectorAbi), ...permit2Abi];
+  // Logs and errors are decoded with the ABIs @x402/evm publishes, never ours (the collectors' errors excepted: none is published).
+  uptoAbi = [...x402UptoPermit2ProxyABI, ...permit2Abi];
+  erc3009CollectorAbi = deployedCollectorFacts;
+  permit2CollectorAbi = [...deployedCollectorFacts, ...deployedPermit2CollectorFacts];
+  batchAbi = [...(ref.batchSettlementABI as Abi), ...deployedBatchFacts.filter((i) => !(i.type === "event" && i.name === "Settled")), ...errorsOf(permit2CollectorAbi), ...permit2Abi];
   probeAbi = devnetContract(contracts, "DevnetReentrancyProbe").abi;
   publicClient = makePublicClient(anvil.rpcUrl);
   testClient = makeTestClient(anvil.rpcUrl);
@@ -391,8 +459,28 @@ describe("placement and interfaces", () => {
     expect(signatures(ref.batchSettlementABI, "function").length).toBeGreaterThanOrEqual(18);
   });
 
+  it("the stand-ins show exactly the deployed contracts' events and errors (names, arguments, indexing) and their getters", () => {
+    const batch = devnetContract(contracts, "DevnetBatchSettlement").abi;
+    for (const type of ["event", "error"] as const) expect(signatures(batch, type)).toEqual(signatures(deployedBatchFacts, type));
+    // Every function ours has, the deployed one has too (published ABI or getter facts), and no more.
+    expect(signatures(batch, "function")).toEqual([...new Set([...signatures(ref.batchSettlementABI, "function"), ...signatures(deployedBatchFacts, "function")])].sort());
+    const erc3009 = devnetContract(contracts, "DevnetERC3009DepositCollector").abi;
+    const permit2 = devnetContract(contracts, "DevnetPermit2DepositCollector").abi;
+    for (const [ours, facts] of [
+      [erc3009, deployedCollectorFacts],
+      [permit2, [...deployedCollectorFacts, ...deployedPermit2CollectorFacts]],
+    ] as const) {
+      for (const type of ["function", "event", "error"] as const) {
+        const mine = signatures(ours, type);
+        for (const s of signatures(facts, type)) expect(mine, s).toContain(s);
+      }
+      // Nothing beyond the facts but the collector's own escrow helpers' errors from OpenZeppelin.
+      const extra = signatures(ours, "error").filter((s) => !signatures([...facts, ...deployedBatchFacts], "error").includes(s));
+      expect(extra).toEqual([]);
+    }
+  });
+
   it("batch-settlement EIP-712 domain, type hashes and digests equal the reference type definitions", async () => {
-    expect(await read(BATCH_SETTLEMENT_ADDRESS, batchAbi, "DOMAIN_SEPARATOR")).toBe(domainSeparator({ domain: batchDomain }));
     expect(await publicClient.getEip712Domain({ address: BATCH_SETTLEMENT_ADDRESS })).toMatchObject({
       domain: { name: "x402 Batch Settlement", version: "1", chainId: CHAIN_ID, verifyingContract: BATCH_SETTLEMENT_ADDRESS },
     });
@@ -422,13 +510,13 @@ describe("placement and interfaces", () => {
   });
 
   it("deposit collectors: constants and the Permit2 deposit witness type string", async () => {
-    expect(await read(ERC3009_DEPOSIT_COLLECTOR_ADDRESS, erc3009CollectorAbi, "BATCH_SETTLEMENT")).toBe(BATCH_SETTLEMENT_ADDRESS);
-    expect(await read(PERMIT2_DEPOSIT_COLLECTOR_ADDRESS, permit2CollectorAbi, "BATCH_SETTLEMENT")).toBe(BATCH_SETTLEMENT_ADDRESS);
+    expect(await read(ERC3009_DEPOSIT_COLLECTOR_ADDRESS, erc3009CollectorAbi, "x402BatchSettlement")).toBe(BATCH_SETTLEMENT_ADDRESS);
+    expect(await read(PERMIT2_DEPOSIT_COLLECTOR_ADDRESS, permit2CollectorAbi, "x402BatchSettlement")).toBe(BATCH_SETTLEMENT_ADDRESS);
     expect(await read(PERMIT2_DEPOSIT_COLLECTOR_ADDRESS, permit2CollectorAbi, "PERMIT2")).toBe(PERMIT2_ADDRESS);
     const witness = ref.batchPermit2WitnessTypes.DepositWitness!;
     const witnessType = `DepositWitness(${witness.map((f) => `${f.type} ${f.name}`).join(",")})`;
-    expect(await read(PERMIT2_DEPOSIT_COLLECTOR_ADDRESS, permit2CollectorAbi, "WITNESS_TYPEHASH")).toBe(keccak256(toHex(witnessType)));
-    expect(await read(PERMIT2_DEPOSIT_COLLECTOR_ADDRESS, permit2CollectorAbi, "WITNESS_TYPE_STRING")).toBe(
+    expect(await read(PERMIT2_DEPOSIT_COLLECTOR_ADDRESS, permit2CollectorAbi, "DEPOSIT_WITNESS_TYPEHASH")).toBe(keccak256(toHex(witnessType)));
+    expect(await read(PERMIT2_DEPOSIT_COLLECTOR_ADDRESS, permit2CollectorAbi, "DEPOSIT_WITNESS_TYPE_STRING")).toBe(
       `DepositWitness witness)${witnessType}TokenPermissions(address token,uint256 amount)`,
     );
   });
@@ -1006,7 +1094,7 @@ describe("x402BatchSettlement deposits", () => {
     const ev = events(first, BATCH_SETTLEMENT_ADDRESS, batchAbi);
     expect(ev.map((e) => e.eventName)).toEqual(["ChannelCreated", "Deposited"]);
     expect(ev[0]!.args).toEqual({ channelId: id, config });
-    expect(ev[1]!.args).toEqual({ channelId: id, payer: payerA.address, collector: ERC3009_DEPOSIT_COLLECTOR_ADDRESS, amount: 5_000n, balance: 5_000n });
+    expect(ev[1]!.args).toEqual({ channelId: id, sender: relayer.address, amount: 5_000n, newBalance: 5_000n }); // the sender is the caller
     const second = await depositVia3009(payerA, config, 2_500n);
     expect(eventNames(second, BATCH_SETTLEMENT_ADDRESS, batchAbi)).toEqual(["Deposited"]);
     expect(await channelState(config)).toEqual({ balance: 7_500n, totalClaimed: 0n, pendingAmount: 0n, initiatedAt: 0, refundNonce: 0n });
@@ -1015,23 +1103,24 @@ describe("x402BatchSettlement deposits", () => {
     expect(await balanceOf(USDC.address, ERC3009_DEPOSIT_COLLECTOR_ADDRESS)).toBe(0n);
   });
 
-  it("deposit reverts: ZeroAmount, invalid config fields, InvalidCollector, DepositAmountMismatch, AmountOverflow", async () => {
+  it("deposit reverts in the deployed order: InvalidChannel, WithdrawDelayOutOfRange, ZeroDeposit, InvalidCollector, DepositOverflow, DepositCollectionFailed", async () => {
     const config = channelConfig(payerA);
     const data = await erc3009CollectorData(payerA, config, 10n);
     const dep = (c: ChannelConfig, amount = 10n, collector: Address = ERC3009_DEPOSIT_COLLECTOR_ADDRESS, d: Hex = data) =>
       revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "deposit", [c, amount, collector, d]));
-    expect(await dep(config, 0n)).toBe("ZeroAmount");
-    expect(await dep({ ...config, payer: zeroAddress })).toBe("InvalidPayer");
-    expect(await dep({ ...config, receiver: zeroAddress })).toBe("InvalidReceiver");
-    expect(await dep({ ...config, receiverAuthorizer: zeroAddress })).toBe("InvalidReceiverAuthorizer");
-    expect(await dep({ ...config, token: stranger.address })).toBe("InvalidToken");
-    expect(await dep({ ...config, withdrawDelay: BATCH_SETTLEMENT_MIN_WITHDRAW_DELAY - 1 })).toBe("InvalidWithdrawDelay");
-    expect(await dep({ ...config, withdrawDelay: BATCH_SETTLEMENT_MAX_WITHDRAW_DELAY + 1 })).toBe("InvalidWithdrawDelay");
-    expect(await dep(config, 10n, stranger.address)).toBe("InvalidCollector");
+    expect(await dep(config, 0n)).toBe("ZeroDeposit");
+    for (const field of ["payer", "receiver", "receiverAuthorizer", "token"] as const) expect(await dep({ ...config, [field]: zeroAddress })).toBe("InvalidChannel");
+    expect(await dep({ ...config, withdrawDelay: BATCH_SETTLEMENT_MIN_WITHDRAW_DELAY - 1 })).toBe("WithdrawDelayOutOfRange");
+    expect(await dep({ ...config, withdrawDelay: BATCH_SETTLEMENT_MAX_WITHDRAW_DELAY + 1 })).toBe("WithdrawDelayOutOfRange");
+    expect(await dep(config, 10n, zeroAddress)).toBe("InvalidCollector");
+    // the order of the checks: the channel's fields, then the delay, then the amount, then the collector
+    expect(await dep({ ...config, payer: zeroAddress, withdrawDelay: 1 }, 0n, zeroAddress)).toBe("InvalidChannel");
+    expect(await dep({ ...config, withdrawDelay: 1 }, 0n, zeroAddress)).toBe("WithdrawDelayOutOfRange");
+    expect(await dep(config, 0n, zeroAddress)).toBe("ZeroDeposit");
     // a "collector" that accepts the call and delivers nothing
     const lazy = privateKeyToAccount(generatePrivateKey()).address;
     await testClient.setCode({ address: lazy, bytecode: "0x00" });
-    expect(await dep(config, 10n, lazy)).toBe("DepositAmountMismatch");
+    expect(await dep(config, 10n, lazy)).toBe("DepositCollectionFailed");
     // both delay bounds are valid
     for (const withdrawDelay of [BATCH_SETTLEMENT_MIN_WITHDRAW_DELAY, BATCH_SETTLEMENT_MAX_WITHDRAW_DELAY]) {
       const c = channelConfig(payerA, { withdrawDelay });
@@ -1044,7 +1133,7 @@ describe("x402BatchSettlement deposits", () => {
     const max = 2n ** 128n - 1n;
     await send(relayerWallet, BATCH_SETTLEMENT_ADDRESS, batchAbi, "deposit", [full, max, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, await erc3009CollectorData(whale, full, max)]);
     expect(await revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "deposit", [full, 1n, ERC3009_DEPOSIT_COLLECTOR_ADDRESS, await erc3009CollectorData(whale, full, 1n)]))).toBe(
-      "AmountOverflow",
+      "DepositOverflow",
     );
   });
 
@@ -1068,7 +1157,7 @@ describe("x402BatchSettlement deposits", () => {
     // only the batch-settlement contract may call a collector
     expect(
       await revertOf(simulate(ERC3009_DEPOSIT_COLLECTOR_ADDRESS, erc3009CollectorAbi, "collect", [payerA.address, USDC.address, 10n, idOf(config), await erc3009CollectorData(payerA, config, 10n)])),
-    ).toBe("OnlyBatchSettlement");
+    ).toBe("OnlyX402BatchSettlement");
   });
 
   it("Permit2 collector: deposit, witness bound to the channel, nonce, deadline, spender, EIP-2612 permit, caller restriction", async () => {
@@ -1087,7 +1176,7 @@ describe("x402BatchSettlement deposits", () => {
     expect(await dep(config, data)).toBe("InvalidNonce");
     expect(
       await revertOf(simulate(PERMIT2_DEPOSIT_COLLECTOR_ADDRESS, permit2CollectorAbi, "collect", [payerA.address, USDT.address, amount, idOf(config), await permit2CollectorData(payerA, config, amount)])),
-    ).toBe("OnlyBatchSettlement");
+    ).toBe("OnlyX402BatchSettlement");
 
     // a payer without allowance: the EIP-2612 segment of collectorData grants it in the same transaction
     const unapproved = payers[7]!;
@@ -1140,10 +1229,10 @@ describe("x402BatchSettlement claims and settle", () => {
     // anyone relays a batch signed by the receiver authorizer
     const rows = [await signedRow(payerA, configs[0]!, 300n), await signedRow(payerB, configs[1]!, 200n), await signedRow(payerA, configs[2]!, 50n)];
     const receipt = await send(strangerWallet, BATCH_SETTLEMENT_ADDRESS, batchAbi, "claimWithSignature", [rows, await signClaimBatch(serverAuthorizer, rows)]);
-    expect(events(receipt, BATCH_SETTLEMENT_ADDRESS, batchAbi).map((e) => [e.eventName, e.args.amount, e.args.totalClaimed])).toEqual([
-      ["Claimed", 200n, 300n],
-      ["Claimed", 50n, 200n],
-      ["Claimed", 50n, 50n],
+    expect(events(receipt, BATCH_SETTLEMENT_ADDRESS, batchAbi).map((e) => [e.eventName, e.args.claimAmount, e.args.newTotalClaimed, e.args.sender])).toEqual([
+      ["Claimed", 200n, 300n, stranger.address], // the sender is the relayer
+      ["Claimed", 50n, 200n, stranger.address],
+      ["Claimed", 50n, 50n, stranger.address],
     ]);
     expect((await channelState(configs[0]!)).totalClaimed).toBe(300n);
     expect((await channelState(configs[1]!)).totalClaimed).toBe(200n);
@@ -1154,24 +1243,29 @@ describe("x402BatchSettlement claims and settle", () => {
     expect(await receiverState(merchant, USDC.address)).toEqual({ totalClaimed: before.totalClaimed + 550n, totalSettled: before.totalSettled });
   });
 
-  it("claim reverts: EmptyClaims, Unauthorized, ClaimExceedsVoucher, ClaimExceedsBalance, InvalidVoucherSignature", async () => {
+  it("claim reverts in the deployed order: EmptyBatch, NotAuthorizedToClaim, (already claimed: no-op), ClaimExceedsCeiling, ClaimExceedsBalance, InvalidSignature", async () => {
     const config = channelConfig(payerA);
     await depositVia3009(payerA, config, 1_000n);
     const claim = (rows: VoucherClaim[], from: Address = serverAuthorizer.address) => revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "claim", [rows], from));
-    expect(await claim([])).toBe("EmptyClaims");
-    expect(await revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "claimWithSignature", [[], "0x"]))).toBe("EmptyClaims");
-    expect(await claim([await signedRow(payerA, config, 10n)], stranger.address)).toBe("Unauthorized");
-    expect(await claim([await signedRow(payerA, config, 10n, 11n)])).toBe("ClaimExceedsVoucher");
+    expect(await claim([])).toBe("EmptyBatch");
+    expect(await revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "claimWithSignature", [[], "0x"]))).toBe("EmptyBatch");
+    expect(await claim([await signedRow(payerA, config, 10n)], stranger.address)).toBe("NotAuthorizedToClaim");
+    expect(await claim([await signedRow(payerA, config, 10n, 11n)])).toBe("ClaimExceedsCeiling");
     expect(await claim([await signedRow(payerA, config, 1_001n)])).toBe("ClaimExceedsBalance");
-    expect(await claim([await signedRow(payerB, config, 10n)])).toBe("InvalidVoucherSignature");
+    expect(await claim([await signedRow(payerB, config, 10n)])).toBe("InvalidSignature");
     const tampered = await signedRow(payerA, config, 10n);
-    expect(await claim([{ ...tampered, voucher: { ...tampered.voucher, maxClaimableAmount: 20n } }])).toBe("InvalidVoucherSignature");
-    expect(await claim([{ ...tampered, signature: "0x1234" }])).toBe("InvalidVoucherSignature");
+    expect(await claim([{ ...tampered, voucher: { ...tampered.voucher, maxClaimableAmount: 20n } }])).toBe("InvalidSignature");
+    expect(await claim([{ ...tampered, signature: "0x1234" }])).toBe("ECDSAInvalidSignatureLength"); // the payer authorizer's signature is recovered (OpenZeppelin ECDSA)
     // a voucher signed for another channel does not carry over
     const other = channelConfig(payerA);
-    expect(await claim([claimRow(config, 10n, await signVoucher(payerA, idOf(other), 10n), 10n)])).toBe("InvalidVoucherSignature");
+    expect(await claim([claimRow(config, 10n, await signVoucher(payerA, idOf(other), 10n), 10n)])).toBe("InvalidSignature");
     // one bad row fails the whole batch
-    expect(await claim([await signedRow(payerA, config, 10n), await signedRow(payerA, config, 20n, 21n)])).toBe("ClaimExceedsVoucher");
+    expect(await claim([await signedRow(payerA, config, 10n), await signedRow(payerA, config, 20n, 21n)])).toBe("ClaimExceedsCeiling");
+    // the order: the ceiling before the balance before the signature; a row at or below what is claimed is a no-op before any of them
+    expect(await claim([claimRow(config, 10n, "0x1234", 2_000n)])).toBe("ClaimExceedsCeiling");
+    expect(await claim([claimRow(config, 5_000n, "0x1234", 2_000n)])).toBe("ClaimExceedsBalance");
+    await send(serverAuthorizerWallet, BATCH_SETTLEMENT_ADDRESS, batchAbi, "claim", [[await signedRow(payerA, config, 100n)]]);
+    await simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "claim", [[claimRow(config, 1n, "0x1234", 100n)]], serverAuthorizer.address); // stale row with a bad signature: no revert
   });
 
   it("voucher signer: payerAuthorizer when set (ECDSA only), the payer itself when zero", async () => {
@@ -1181,24 +1275,29 @@ describe("x402BatchSettlement claims and settle", () => {
     await depositVia3009(payerA, withDelegate, 100n);
     await depositVia3009(payerA, withoutDelegate, 100n);
     const claim = (rows: VoucherClaim[]) => simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "claim", [rows], serverAuthorizer.address);
-    expect(await revertOf(claim([await signedRow(payerA, withDelegate, 10n)]))).toBe("InvalidVoucherSignature");
+    expect(await revertOf(claim([await signedRow(payerA, withDelegate, 10n)]))).toBe("InvalidSignature");
     await claim([await signedRow(delegate, withDelegate, 10n)]);
     await claim([await signedRow(payerA, withoutDelegate, 10n)]);
-    expect(await revertOf(claim([await signedRow(delegate, withoutDelegate, 10n)]))).toBe("InvalidVoucherSignature");
+    expect(await revertOf(claim([await signedRow(delegate, withoutDelegate, 10n)]))).toBe("InvalidSignature");
+    // with an authorizer the signature is recovered as OpenZeppelin's ECDSA.recover does: an unusable one reverts with its errors
+    const row = await signedRow(delegate, withDelegate, 20n);
+    expect(await revertOf(claim([{ ...row, signature: "0x1234" }]))).toBe("ECDSAInvalidSignatureLength");
   });
 
-  it("claimWithSignature reverts: InvalidAuthorizerSignature, ReceiverAuthorizerMismatch", async () => {
+  it("claimWithSignature reverts: InvalidSignature (checked before the rows), NotReceiverAuthorizer", async () => {
     const a = channelConfig(payerA);
     const b = channelConfig(payerB, { receiverAuthorizer: facilitatorAuthorizer.address });
     await depositVia3009(payerA, a, 100n);
     await depositVia3009(payerB, b, 100n);
     const rows = [await signedRow(payerA, a, 10n)];
     const cws = (r: VoucherClaim[], sig: Hex) => revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "claimWithSignature", [r, sig]));
-    expect(await cws(rows, await signClaimBatch(stranger, rows))).toBe("InvalidAuthorizerSignature");
-    expect(await cws(rows, await signClaimBatch(serverAuthorizer, [await signedRow(payerA, a, 10n, 9n)]))).toBe("InvalidAuthorizerSignature");
-    expect(await cws(rows, "0x")).toBe("InvalidAuthorizerSignature");
+    expect(await cws(rows, await signClaimBatch(stranger, rows))).toBe("InvalidSignature");
+    expect(await cws(rows, await signClaimBatch(serverAuthorizer, [await signedRow(payerA, a, 10n, 9n)]))).toBe("InvalidSignature");
+    expect(await cws(rows, "0x")).toBe("InvalidSignature");
     const mixed = [...rows, await signedRow(payerB, b, 10n)];
-    expect(await cws(mixed, await signClaimBatch(serverAuthorizer, mixed))).toBe("ReceiverAuthorizerMismatch");
+    expect(await cws(mixed, await signClaimBatch(serverAuthorizer, mixed))).toBe("NotReceiverAuthorizer");
+    // the batch signature is checked before any row: a bad signature over rows that would also fail
+    expect(await cws(mixed, "0x")).toBe("InvalidSignature");
   });
 
   it("settle sweeps claimed funds per receiver and token; nothing to settle is a no-op; permissionless", async () => {
@@ -1246,10 +1345,10 @@ describe("x402BatchSettlement refunds", () => {
     await send(serverAuthorizerWallet, BATCH_SETTLEMENT_ADDRESS, batchAbi, "claim", [[row]]);
     const before = await balanceOf(USDC.address, payerA.address);
     const r1 = await send(serverAuthorizerWallet, BATCH_SETTLEMENT_ADDRESS, batchAbi, "refund", [config, 100n]);
-    expect(events(r1, BATCH_SETTLEMENT_ADDRESS, batchAbi)).toEqual([{ eventName: "Refunded", args: { channelId: id, payer: payerA.address, amount: 100n, nonce: 0n } }]);
+    expect(events(r1, BATCH_SETTLEMENT_ADDRESS, batchAbi)).toEqual([{ eventName: "Refunded", args: { channelId: id, sender: serverAuthorizer.address, amount: 100n } }]);
     // asking for more than is left returns the rest (500), never claimed funds
     const r2 = await send(serverAuthorizerWallet, BATCH_SETTLEMENT_ADDRESS, batchAbi, "refund", [config, 10_000n]);
-    expect(events(r2, BATCH_SETTLEMENT_ADDRESS, batchAbi)).toEqual([{ eventName: "Refunded", args: { channelId: id, payer: payerA.address, amount: 500n, nonce: 1n } }]);
+    expect(events(r2, BATCH_SETTLEMENT_ADDRESS, batchAbi)).toEqual([{ eventName: "Refunded", args: { channelId: id, sender: serverAuthorizer.address, amount: 500n } }]);
     expect(await balanceOf(USDC.address, payerA.address)).toBe(before + 600n);
     expect(await channelState(config)).toMatchObject({ balance: 400n, totalClaimed: 400n, refundNonce: 2n });
     // nothing left: no transfer, no event, but the nonce still advances
@@ -1266,9 +1365,12 @@ describe("x402BatchSettlement refunds", () => {
     await depositVia3009(payerA, config, 300n);
     const rws = (amount: bigint, nonce: bigint, sig: Hex) => simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "refundWithSignature", [config, amount, nonce, sig]);
     expect(await revertOf(rws(100n, 1n, await signRefund(serverAuthorizer, id, 1n, 100n)))).toBe("InvalidRefundNonce");
-    expect(await revertOf(rws(100n, 0n, await signRefund(stranger, id, 0n, 100n)))).toBe("InvalidAuthorizerSignature");
-    expect(await revertOf(rws(101n, 0n, await signRefund(serverAuthorizer, id, 0n, 100n)))).toBe("InvalidAuthorizerSignature");
-    expect(await revertOf(rws(0n, 0n, await signRefund(serverAuthorizer, id, 0n, 0n)))).toBe("ZeroAmount");
+    expect(await revertOf(rws(100n, 0n, await signRefund(stranger, id, 0n, 100n)))).toBe("InvalidSignature");
+    expect(await revertOf(rws(101n, 0n, await signRefund(serverAuthorizer, id, 0n, 100n)))).toBe("InvalidSignature");
+    expect(await revertOf(rws(0n, 0n, await signRefund(serverAuthorizer, id, 0n, 0n)))).toBe("ZeroRefund");
+    // the order: the nonce, then the signature, then the amount
+    expect(await revertOf(rws(0n, 1n, "0x"))).toBe("InvalidRefundNonce");
+    expect(await revertOf(rws(0n, 0n, "0x"))).toBe("InvalidSignature");
     const sig = await signRefund(serverAuthorizer, id, 0n, 300n);
     const receipt = await send(strangerWallet, BATCH_SETTLEMENT_ADDRESS, batchAbi, "refundWithSignature", [config, 300n, 0n, sig]);
     expect(eventNames(receipt, BATCH_SETTLEMENT_ADDRESS, batchAbi)).toEqual(["Refunded", "ChannelClosed"]);
@@ -1280,12 +1382,12 @@ describe("x402BatchSettlement refunds", () => {
     expect(eventNames(again, BATCH_SETTLEMENT_ADDRESS, batchAbi)).toEqual(["ChannelCreated", "Deposited"]);
   });
 
-  it("refund reverts: Unauthorized, ZeroAmount", async () => {
+  it("refund reverts: NotAuthorizedToRefund (before the amount), ZeroRefund", async () => {
     const config = channelConfig(payerA);
     await depositVia3009(payerA, config, 10n);
-    expect(await revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "refund", [config, 1n], stranger.address))).toBe("Unauthorized");
-    expect(await revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "refund", [config, 1n], payerA.address))).toBe("Unauthorized");
-    expect(await revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "refund", [config, 0n], serverAuthorizer.address))).toBe("ZeroAmount");
+    expect(await revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "refund", [config, 1n], stranger.address))).toBe("NotAuthorizedToRefund");
+    expect(await revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "refund", [config, 0n], payerA.address))).toBe("NotAuthorizedToRefund");
+    expect(await revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "refund", [config, 0n], serverAuthorizer.address))).toBe("ZeroRefund");
     await simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "refund", [config, 1n], merchant);
   });
 });
@@ -1301,16 +1403,17 @@ describe("x402BatchSettlement timed withdrawal", () => {
     const id = idOf(config);
     await depositVia3009(payerA, config, 1_000n);
     const initiate = (amount: bigint, from: Address) => simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "initiateWithdraw", [config, amount], from);
-    expect(await revertOf(initiate(10n, stranger.address))).toBe("Unauthorized");
-    expect(await revertOf(initiate(10n, merchant))).toBe("Unauthorized");
-    expect(await revertOf(initiate(0n, payerA.address))).toBe("ZeroAmount");
-    expect(await revertOf(initiate(1_001n, payerA.address))).toBe("WithdrawExceedsAvailable");
-    expect(await revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "finalizeWithdraw", [config], payerA.address))).toBe("NoPendingWithdrawal");
+    expect(await revertOf(initiate(10n, stranger.address))).toBe("InvalidChannel");
+    expect(await revertOf(initiate(0n, merchant))).toBe("InvalidChannel"); // the caller before the amount
+    expect(await revertOf(initiate(0n, payerA.address))).toBe("NothingToWithdraw");
+    expect(await revertOf(initiate(1_001n, payerA.address))).toBe("WithdrawAmountExceedsAvailable");
+    expect(await revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "finalizeWithdraw", [config], payerA.address))).toBe("WithdrawalNotPending");
+    expect(await revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "finalizeWithdraw", [config], stranger.address))).toBe("NotAuthorizedToFinalizeWithdraw");
 
     const receipt = await send(payerWallet, BATCH_SETTLEMENT_ADDRESS, batchAbi, "initiateWithdraw", [config, 900n]);
     const t0 = (await publicClient.getBlock({ blockNumber: receipt.blockNumber })).timestamp;
     expect(events(receipt, BATCH_SETTLEMENT_ADDRESS, batchAbi)).toEqual([
-      { eventName: "WithdrawInitiated", args: { channelId: id, amount: 900n, finalizableAt: t0 + BigInt(WITHDRAW_DELAY) } },
+      { eventName: "WithdrawInitiated", args: { channelId: id, amount: 900n, finalizeAfter: Number(t0) + WITHDRAW_DELAY } },
     ]);
     expect(await channelState(config)).toMatchObject({ pendingAmount: 900n, initiatedAt: Number(t0) });
     expect(await revertOf(initiate(1n, delegate.address))).toBe("WithdrawalAlreadyPending");
@@ -1327,14 +1430,14 @@ describe("x402BatchSettlement timed withdrawal", () => {
     await send(serverAuthorizerWallet, BATCH_SETTLEMENT_ADDRESS, batchAbi, "refund", [config, 100n]);
     expect(await channelState(config)).toMatchObject({ balance: 900n, totalClaimed: 300n, pendingAmount: 800n });
     expect(await revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "finalizeWithdraw", [config], payerA.address))).toBe("WithdrawDelayNotElapsed");
-    expect(await revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "finalizeWithdraw", [config], stranger.address))).toBe("Unauthorized");
+    expect(await revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "finalizeWithdraw", [config], stranger.address))).toBe("NotAuthorizedToFinalizeWithdraw");
 
     await testClient.increaseTime({ seconds: WITHDRAW_DELAY });
     await testClient.mine({ blocks: 1 });
     const before = await balanceOf(USDC.address, payerA.address);
     // finalized by the payer authorizer; capped to the unclaimed escrow (600 < 800)
     const fin = await send(delegateWallet, BATCH_SETTLEMENT_ADDRESS, batchAbi, "finalizeWithdraw", [config]);
-    expect(events(fin, BATCH_SETTLEMENT_ADDRESS, batchAbi)).toEqual([{ eventName: "WithdrawFinalized", args: { channelId: id, payer: payerA.address, amount: 600n } }]);
+    expect(events(fin, BATCH_SETTLEMENT_ADDRESS, batchAbi)).toEqual([{ eventName: "WithdrawFinalized", args: { channelId: id, sender: delegate.address, amount: 600n } }]);
     expect(await balanceOf(USDC.address, payerA.address)).toBe(before + 600n);
     expect(await channelState(config)).toMatchObject({ balance: 300n, totalClaimed: 300n, pendingAmount: 0n, initiatedAt: 0 });
     // later vouchers above the drained balance can no longer be claimed
@@ -1350,7 +1453,7 @@ describe("x402BatchSettlement timed withdrawal", () => {
     await send(payerWallet, BATCH_SETTLEMENT_ADDRESS, batchAbi, "initiateWithdraw", [config, 200n]);
     await send(serverAuthorizerWallet, BATCH_SETTLEMENT_ADDRESS, batchAbi, "refund", [config, 250n]);
     expect(await channelState(config)).toMatchObject({ balance: 250n, pendingAmount: 0n, initiatedAt: 0 });
-    expect(await revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "finalizeWithdraw", [config], payerA.address))).toBe("NoPendingWithdrawal");
+    expect(await revertOf(simulate(BATCH_SETTLEMENT_ADDRESS, batchAbi, "finalizeWithdraw", [config], payerA.address))).toBe("WithdrawalNotPending");
 
     await send(payerWallet, BATCH_SETTLEMENT_ADDRESS, batchAbi, "initiateWithdraw", [config, 250n]);
     await testClient.increaseTime({ seconds: WITHDRAW_DELAY });

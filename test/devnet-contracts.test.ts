@@ -267,7 +267,8 @@ beforeAll(async () => {
   [anvil, contracts] = await Promise.all([startAnvil({ chainId: CHAIN_ID }), compileDevnetContracts()]);
   stableAbi = devnetContract(contracts, "DevnetStablecoin").abi;
   tokenAbi = devnetContract(contracts, "DevnetToken").abi;
-  proxyAbi = [...devnetContract(contracts, "DevnetExactPermit2Proxy").abi, ...permit2ErrorsAbi];
+  // Decoded with the ABI @x402/evm publishes, never ours: a divergence of the stand-in fails here.
+  proxyAbi = [...x402ExactPermit2ProxyABI, ...permit2ErrorsAbi];
   multicallAbi = devnetContract(contracts, "DevnetMulticall3").abi;
   publicClient = makePublicClient(anvil.rpcUrl);
   relayerWallet = makeWallet(anvil.rpcUrl, relayer);
@@ -645,10 +646,16 @@ describe("exact Permit2 proxy", () => {
     }
   });
 
-  it("reverts InvalidOwner, InvalidDestination, PaymentTooEarly, Permit2612AmountMismatch", async () => {
+  it("reverts InvalidAmount, InvalidOwner, InvalidDestination, PaymentTooEarly, Permit2612AmountMismatch, in the deployed proxy's order", async () => {
     const witness = { to: merchant, validAfter: 0n };
     const { permit, signature } = await signPermit2(payerA, USDT.address, 10n, witness);
     const zero: Address = "0x0000000000000000000000000000000000000000";
+    // A zero amount is refused first, before the parties and the time window.
+    const nothing = await signPermit2(payerA, USDT.address, 0n, witness);
+    expect(await revertOf(simulate(EXACT_PERMIT2_PROXY_ADDRESS, proxyAbi, "settle", [nothing.permit, payerA.address, witness, nothing.signature]))).toBe("InvalidAmount");
+    expect(await revertOf(simulate(EXACT_PERMIT2_PROXY_ADDRESS, proxyAbi, "settle", [nothing.permit, zero, { to: zero, validAfter: (await now()) + 3600n }, nothing.signature]))).toBe("InvalidAmount");
+    expect(await revertOf(simulate(EXACT_PERMIT2_PROXY_ADDRESS, proxyAbi, "settle", [permit, zero, { to: zero, validAfter: (await now()) + 3600n }, signature]))).toBe("InvalidOwner");
+    expect(await revertOf(simulate(EXACT_PERMIT2_PROXY_ADDRESS, proxyAbi, "settle", [permit, payerA.address, { to: zero, validAfter: (await now()) + 3600n }, signature]))).toBe("InvalidDestination");
     expect(await revertOf(simulate(EXACT_PERMIT2_PROXY_ADDRESS, proxyAbi, "settle", [permit, zero, witness, signature]))).toBe("InvalidOwner");
     expect(await revertOf(simulate(EXACT_PERMIT2_PROXY_ADDRESS, proxyAbi, "settle", [permit, payerA.address, { to: zero, validAfter: 0n }, signature]))).toBe("InvalidDestination");
     const later = { to: merchant, validAfter: (await now()) + 3600n };

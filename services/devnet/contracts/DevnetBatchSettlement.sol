@@ -17,6 +17,9 @@
 //     timed escape hatch (withdrawDelay of the channel, 15 minutes to 30 days).
 // channels(id).balance is "deposited minus refunded minus withdrawn" (claimed funds stay counted
 // until the channel is drained); the unclaimed escrow is balance - totalClaimed.
+// Seen from outside it behaves as the deployed x402BatchSettlement: the same events, the same
+// custom errors (names and arguments, so the same selectors), checked in the same order, and the
+// same getters; only the code is ours.
 // No constructor runs at the canonical address: everything is a constant, the EIP-712 domain
 // separator is computed from block.chainid and address(this), and the reentrancy lock lives in
 // transient storage (zero = unlocked).
@@ -40,8 +43,12 @@ interface IDevnetDepositCollector {
 
 /// Shared helpers of the batch-settlement contracts (abstract: no bytecode of its own).
 abstract contract DevnetEscrowBase {
+    // OpenZeppelin's errors, as the deployed contracts raise them (ReentrancyGuardTransient, SafeERC20, ECDSA).
     error ReentrancyGuardReentrantCall();
-    error TokenTransferFailed(address token, address to, uint256 amount);
+    error SafeERC20FailedOperation(address token);
+    error ECDSAInvalidSignature();
+    error ECDSAInvalidSignatureLength(uint256 length);
+    error ECDSAInvalidSignatureS(bytes32 s);
 
     bytes4 private constant ERC1271_MAGIC_VALUE = 0x1626ba7e;
     /// secp256k1 order / 2: signatures with a larger s are malleable and rejected.
@@ -60,8 +67,18 @@ abstract contract DevnetEscrowBase {
     function _safeTransfer(address token, address to, uint256 amount) internal {
         (bool ok, bytes memory ret) = token.call(abi.encodeCall(IERC20Minimal.transfer, (to, amount)));
         if (!ok || (ret.length == 0 && token.code.length == 0) || (ret.length != 0 && !abi.decode(ret, (bool)))) {
-            revert TokenTransferFailed(token, to, amount);
+            revert SafeERC20FailedOperation(token);
         }
+    }
+
+    /// ECDSA that reverts on an unusable signature (OpenZeppelin's ECDSA.recover semantics).
+    function _recoverOrRevert(bytes32 digest, bytes calldata signature) internal pure returns (address) {
+        if (signature.length != 65) revert ECDSAInvalidSignatureLength(signature.length);
+        bytes32 s = bytes32(signature[32:64]);
+        if (uint256(s) > HALF_CURVE_ORDER) revert ECDSAInvalidSignatureS(s);
+        address recovered = _recover(digest, signature);
+        if (recovered == address(0)) revert ECDSAInvalidSignature();
+        return recovered;
     }
 
     /// Plain ECDSA (65-byte r,s,v; low s; v 27/28); address(0) when the signature is unusable.
@@ -125,37 +142,37 @@ contract DevnetBatchSettlement is DevnetEscrowBase {
 
     event ChannelCreated(bytes32 indexed channelId, ChannelConfig config);
     event ChannelClosed(bytes32 indexed channelId, ChannelConfig config);
-    event Deposited(bytes32 indexed channelId, address indexed payer, address indexed collector, uint128 amount, uint128 balance);
-    event Claimed(bytes32 indexed channelId, address indexed receiver, address indexed token, uint128 amount, uint128 totalClaimed);
+    event Deposited(bytes32 indexed channelId, address indexed sender, uint128 amount, uint128 newBalance);
+    event Claimed(bytes32 indexed channelId, address indexed sender, uint128 claimAmount, uint128 newTotalClaimed);
     event Settled(address indexed receiver, address indexed token, address indexed sender, uint128 amount);
-    event Refunded(bytes32 indexed channelId, address indexed payer, uint128 amount, uint256 nonce);
-    event WithdrawInitiated(bytes32 indexed channelId, uint128 amount, uint256 finalizableAt);
-    event WithdrawFinalized(bytes32 indexed channelId, address indexed payer, uint128 amount);
+    event Refunded(bytes32 indexed channelId, address indexed sender, uint128 amount);
+    event WithdrawInitiated(bytes32 indexed channelId, uint128 amount, uint40 finalizeAfter);
+    event WithdrawFinalized(bytes32 indexed channelId, address indexed sender, uint128 amount);
 
-    error ZeroAmount();
-    error AmountOverflow();
-    error InvalidPayer();
-    error InvalidReceiver();
-    error InvalidReceiverAuthorizer();
-    error InvalidToken();
-    error InvalidWithdrawDelay(uint40 withdrawDelay);
-    error InvalidCollector(address collector);
-    error DepositAmountMismatch(uint256 expected, uint256 received);
-    error EmptyClaims();
-    error Unauthorized(address caller);
-    error ReceiverAuthorizerMismatch(bytes32 channelId);
-    error InvalidAuthorizerSignature();
-    error InvalidVoucherSignature(bytes32 channelId);
-    error ClaimExceedsVoucher(bytes32 channelId, uint128 totalClaimed, uint128 maxClaimableAmount);
-    error ClaimExceedsBalance(bytes32 channelId, uint128 totalClaimed, uint128 balance);
-    error InvalidRefundNonce(uint256 expected, uint256 provided);
-    error WithdrawalAlreadyPending(bytes32 channelId);
-    error NoPendingWithdrawal(bytes32 channelId);
-    error WithdrawDelayNotElapsed(uint256 finalizableAt);
-    error WithdrawExceedsAvailable(uint128 amount, uint128 available);
+    error InvalidChannel();
+    error ZeroDeposit();
+    error DepositOverflow();
+    error InvalidSignature();
+    error NotReceiverAuthorizer();
+    error NotAuthorizedToClaim();
+    error NotAuthorizedToRefund();
+    error ClaimExceedsCeiling();
+    error ClaimExceedsBalance();
+    error WithdrawalAlreadyPending();
+    error WithdrawalNotPending();
+    error NotAuthorizedToFinalizeWithdraw();
+    error WithdrawDelayNotElapsed();
+    error NothingToWithdraw();
+    error WithdrawAmountExceedsAvailable();
+    error WithdrawDelayOutOfRange();
+    error EmptyBatch();
+    error DepositCollectionFailed();
+    error InvalidCollector();
+    error InvalidRefundNonce();
+    error ZeroRefund();
 
-    string public constant NAME = "x402 Batch Settlement";
-    string public constant VERSION = "1";
+    string private constant NAME = "x402 Batch Settlement";
+    string private constant VERSION = "1";
     uint40 public constant MIN_WITHDRAW_DELAY = 900; // 15 minutes
     uint40 public constant MAX_WITHDRAW_DELAY = 2_592_000; // 30 days
 
@@ -201,96 +218,82 @@ contract DevnetBatchSettlement is DevnetEscrowBase {
         external
         nonReentrant
     {
-        if (amount == 0) revert ZeroAmount();
-        _validateConfig(config);
-        if (collector.code.length == 0) revert InvalidCollector(collector);
+        if (config.payer == address(0) || config.receiver == address(0) || config.receiverAuthorizer == address(0) || config.token == address(0)) {
+            revert InvalidChannel();
+        }
+        if (config.withdrawDelay < MIN_WITHDRAW_DELAY || config.withdrawDelay > MAX_WITHDRAW_DELAY) revert WithdrawDelayOutOfRange();
+        if (amount == 0) revert ZeroDeposit();
+        if (collector == address(0)) revert InvalidCollector();
         bytes32 channelId = getChannelId(config);
         ChannelState storage ch = channels[channelId];
-        bool created = ch.balance == 0 && ch.totalClaimed == 0;
+        if (amount > type(uint128).max - ch.balance) revert DepositOverflow();
+        ch.balance += amount;
 
         uint256 before = IERC20Minimal(config.token).balanceOf(address(this));
         IDevnetDepositCollector(collector).collect(config.payer, config.token, amount, channelId, collectorData);
-        uint256 received = IERC20Minimal(config.token).balanceOf(address(this)) - before;
-        if (received != amount) revert DepositAmountMismatch(amount, received);
+        if (IERC20Minimal(config.token).balanceOf(address(this)) != before + amount) revert DepositCollectionFailed();
 
-        uint256 newBalance = uint256(ch.balance) + amount;
-        if (newBalance > type(uint128).max) revert AmountOverflow();
-        ch.balance = uint128(newBalance);
-        if (created) emit ChannelCreated(channelId, config);
-        emit Deposited(channelId, config.payer, collector, amount, uint128(newBalance));
-    }
-
-    function _validateConfig(ChannelConfig calldata config) private view {
-        if (config.payer == address(0)) revert InvalidPayer();
-        if (config.receiver == address(0)) revert InvalidReceiver();
-        if (config.receiverAuthorizer == address(0)) revert InvalidReceiverAuthorizer();
-        if (config.token.code.length == 0) revert InvalidToken();
-        if (config.withdrawDelay < MIN_WITHDRAW_DELAY || config.withdrawDelay > MAX_WITHDRAW_DELAY) {
-            revert InvalidWithdrawDelay(config.withdrawDelay);
-        }
+        // The escrow was empty before this deposit and nothing was ever claimed: a new channel.
+        if (ch.balance == amount && ch.totalClaimed == 0) emit ChannelCreated(channelId, config);
+        emit Deposited(channelId, msg.sender, amount, ch.balance);
     }
 
     // ---------------------------------------------------------------- claims
 
     /// Records voucher claims; the caller must be the receiver or the receiver authorizer of every row.
     function claim(VoucherClaim[] calldata voucherClaims) external nonReentrant {
-        if (voucherClaims.length == 0) revert EmptyClaims();
+        if (voucherClaims.length == 0) revert EmptyBatch();
         for (uint256 i = 0; i < voucherClaims.length; ++i) {
-            ChannelConfig calldata c = voucherClaims[i].voucher.channel;
-            if (msg.sender != c.receiver && msg.sender != c.receiverAuthorizer) revert Unauthorized(msg.sender);
-            _processClaim(getChannelId(c), voucherClaims[i]);
+            if (!_isReceiverSide(msg.sender, voucherClaims[i].voucher.channel)) revert NotAuthorizedToClaim();
+            _processClaim(getChannelId(voucherClaims[i].voucher.channel), voucherClaims[i]);
         }
     }
 
     /// Records voucher claims of many channels authorised by one EIP-712 ClaimBatch signature of the
-    /// rows' common receiverAuthorizer. Anyone may relay it.
+    /// first row's receiverAuthorizer (every row must share it). Anyone may relay it.
     function claimWithSignature(VoucherClaim[] calldata voucherClaims, bytes calldata authorizerSignature)
         external
         nonReentrant
     {
-        if (voucherClaims.length == 0) revert EmptyClaims();
-        (bytes32 digest, bytes32[] memory ids) = _claimBatch(voucherClaims);
+        if (voucherClaims.length == 0) revert EmptyBatch();
         address authorizer = voucherClaims[0].voucher.channel.receiverAuthorizer;
-        for (uint256 i = 1; i < voucherClaims.length; ++i) {
-            if (voucherClaims[i].voucher.channel.receiverAuthorizer != authorizer) revert ReceiverAuthorizerMismatch(ids[i]);
-        }
-        if (!_isValidSignatureNow(authorizer, digest, authorizerSignature)) revert InvalidAuthorizerSignature();
+        (bytes32 digest, bytes32[] memory ids) = _claimBatch(voucherClaims);
+        if (!_isValidSignatureNow(authorizer, digest, authorizerSignature)) revert InvalidSignature();
         for (uint256 i = 0; i < voucherClaims.length; ++i) {
+            if (voucherClaims[i].voucher.channel.receiverAuthorizer != authorizer) revert NotReceiverAuthorizer();
             _processClaim(ids[i], voucherClaims[i]);
         }
     }
 
-    /// Raises the channel's totalClaimed to claim.totalClaimed (<= the voucher's ceiling and the
-    /// balance). A row at or below what is already claimed is a no-op, so a retried batch succeeds.
-    function _processClaim(bytes32 channelId, VoucherClaim calldata c) private {
-        uint128 newTotal = c.totalClaimed;
-        uint128 ceiling = c.voucher.maxClaimableAmount;
-        if (newTotal > ceiling) revert ClaimExceedsVoucher(channelId, newTotal, ceiling);
-        ChannelState storage ch = channels[channelId];
-        uint128 previous = ch.totalClaimed;
-        if (newTotal <= previous) return;
-        if (newTotal > ch.balance) revert ClaimExceedsBalance(channelId, newTotal, ch.balance);
-        if (!_isValidVoucher(c.voucher.channel, channelId, ceiling, c.signature)) revert InvalidVoucherSignature(channelId);
-        uint128 delta = newTotal - previous;
-        ch.totalClaimed = newTotal;
-        address receiver = c.voucher.channel.receiver;
-        address token = c.voucher.channel.token;
-        receivers[receiver][token].totalClaimed += delta;
-        emit Claimed(channelId, receiver, token, delta, newTotal);
+    function _isReceiverSide(address sender, ChannelConfig calldata config) private pure returns (bool) {
+        return sender == config.receiverAuthorizer || sender == config.receiver;
     }
 
-    /// ECDSA against payerAuthorizer when set (no code check, no ERC-1271); otherwise
-    /// SignatureChecker semantics against the payer (ECDSA for EOAs, ERC-1271 for contracts).
+    /// Raises the channel's totalClaimed to claim.totalClaimed. A row at or below what is already
+    /// claimed is a no-op (checked first, so a retried batch succeeds); above the voucher's ceiling
+    /// or the balance it reverts; then the voucher's signature is checked.
+    function _processClaim(bytes32 channelId, VoucherClaim calldata c) private {
+        ChannelState storage ch = channels[channelId];
+        uint128 newTotal = c.totalClaimed;
+        if (newTotal <= ch.totalClaimed) return;
+        if (newTotal > c.voucher.maxClaimableAmount) revert ClaimExceedsCeiling();
+        if (newTotal > ch.balance) revert ClaimExceedsBalance();
+        if (!_isValidVoucher(c.voucher.channel, channelId, c.voucher.maxClaimableAmount, c.signature)) revert InvalidSignature();
+        uint128 delta = newTotal - ch.totalClaimed;
+        ch.totalClaimed = newTotal;
+        receivers[c.voucher.channel.receiver][c.voucher.channel.token].totalClaimed += delta;
+        emit Claimed(channelId, msg.sender, delta, newTotal);
+    }
+
+    /// ECDSA against payerAuthorizer when set (no ERC-1271; an unusable signature reverts with
+    /// OpenZeppelin's ECDSA errors); otherwise SignatureChecker semantics against the payer.
     function _isValidVoucher(ChannelConfig calldata config, bytes32 channelId, uint128 ceiling, bytes calldata signature)
         private
         view
         returns (bool)
     {
         bytes32 digest = getVoucherDigest(channelId, ceiling);
-        if (config.payerAuthorizer != address(0)) {
-            address recovered = _recover(digest, signature);
-            return recovered != address(0) && recovered == config.payerAuthorizer;
-        }
+        if (config.payerAuthorizer != address(0)) return _recoverOrRevert(digest, signature) == config.payerAuthorizer;
         return _isValidSignatureNow(config.payer, digest, signature);
     }
 
@@ -311,8 +314,8 @@ contract DevnetBatchSettlement is DevnetEscrowBase {
 
     /// Cooperative refund by the receiver or the receiver authorizer, no signature needed.
     function refund(ChannelConfig calldata config, uint128 amount) external nonReentrant {
-        if (msg.sender != config.receiver && msg.sender != config.receiverAuthorizer) revert Unauthorized(msg.sender);
-        _refund(config, getChannelId(config), amount);
+        if (!_isReceiverSide(msg.sender, config)) revert NotAuthorizedToRefund();
+        _refund(config, amount);
     }
 
     /// Cooperative refund relayed by anyone with the receiver authorizer's EIP-712
@@ -324,20 +327,19 @@ contract DevnetBatchSettlement is DevnetEscrowBase {
         bytes calldata receiverAuthorizerSignature
     ) external nonReentrant {
         bytes32 channelId = getChannelId(config);
-        uint256 expected = refundNonce[channelId];
-        if (nonce != expected) revert InvalidRefundNonce(expected, nonce);
-        bytes32 digest = getRefundDigest(channelId, nonce, amount);
-        if (!_isValidSignatureNow(config.receiverAuthorizer, digest, receiverAuthorizerSignature)) {
-            revert InvalidAuthorizerSignature();
+        if (nonce != refundNonce[channelId]) revert InvalidRefundNonce();
+        if (!_isValidSignatureNow(config.receiverAuthorizer, getRefundDigest(channelId, nonce, amount), receiverAuthorizerSignature)) {
+            revert InvalidSignature();
         }
-        _refund(config, channelId, amount);
+        _refund(config, amount);
     }
 
     /// Advances the refund nonce first, then returns min(amount, unclaimed escrow) to the payer. A
     /// pending withdrawal shrinks by the refunded amount (and is cancelled once fully covered).
-    function _refund(ChannelConfig calldata config, bytes32 channelId, uint128 amount) private {
-        if (amount == 0) revert ZeroAmount();
-        uint256 nonce = refundNonce[channelId]++;
+    function _refund(ChannelConfig calldata config, uint128 amount) private {
+        if (amount == 0) revert ZeroRefund();
+        bytes32 channelId = getChannelId(config);
+        refundNonce[channelId]++;
         ChannelState storage ch = channels[channelId];
         uint128 available = ch.balance - ch.totalClaimed;
         uint128 actual = amount < available ? amount : available;
@@ -348,62 +350,53 @@ contract DevnetBatchSettlement is DevnetEscrowBase {
             if (actual >= pw.amount) delete pendingWithdrawals[channelId];
             else pw.amount -= actual;
         }
+        emit Refunded(channelId, msg.sender, actual);
+        if (ch.balance == 0 && ch.totalClaimed == 0) emit ChannelClosed(channelId, config);
         _safeTransfer(config.token, config.payer, actual);
-        emit Refunded(channelId, config.payer, actual, nonce);
-        _emitClosedIfDrained(channelId, config, ch);
     }
 
     // ---------------------------------------------------------------- timed withdrawal
 
     /// Starts the payer's timed withdrawal of up to the current unclaimed escrow.
     function initiateWithdraw(ChannelConfig calldata config, uint128 amount) external nonReentrant {
-        _onlyPayerSide(config);
-        if (amount == 0) revert ZeroAmount();
+        if (!_isPayerSide(msg.sender, config)) revert InvalidChannel();
+        if (amount == 0) revert NothingToWithdraw();
         bytes32 channelId = getChannelId(config);
         PendingWithdrawal storage pw = pendingWithdrawals[channelId];
-        if (pw.initiatedAt != 0) revert WithdrawalAlreadyPending(channelId);
+        if (pw.initiatedAt != 0) revert WithdrawalAlreadyPending();
         ChannelState storage ch = channels[channelId];
-        uint128 available = ch.balance - ch.totalClaimed;
-        if (amount > available) revert WithdrawExceedsAvailable(amount, available);
+        if (amount > ch.balance - ch.totalClaimed) revert WithdrawAmountExceedsAvailable();
         pw.amount = amount;
         pw.initiatedAt = uint40(block.timestamp);
-        emit WithdrawInitiated(channelId, amount, block.timestamp + config.withdrawDelay);
+        emit WithdrawInitiated(channelId, amount, uint40(block.timestamp) + config.withdrawDelay);
     }
 
     /// Completes a pending withdrawal once withdrawDelay has elapsed, capped to the unclaimed escrow
     /// left at that point (the receiver may have claimed in the meantime).
     function finalizeWithdraw(ChannelConfig calldata config) external nonReentrant {
-        _onlyPayerSide(config);
+        if (!_isPayerSide(msg.sender, config)) revert NotAuthorizedToFinalizeWithdraw();
         bytes32 channelId = getChannelId(config);
         PendingWithdrawal memory pw = pendingWithdrawals[channelId];
-        if (pw.initiatedAt == 0) revert NoPendingWithdrawal(channelId);
-        uint256 finalizableAt = uint256(pw.initiatedAt) + config.withdrawDelay;
-        if (block.timestamp < finalizableAt) revert WithdrawDelayNotElapsed(finalizableAt);
+        if (pw.initiatedAt == 0) revert WithdrawalNotPending();
+        if (block.timestamp < uint256(pw.initiatedAt) + uint256(config.withdrawDelay)) revert WithdrawDelayNotElapsed();
         delete pendingWithdrawals[channelId];
         ChannelState storage ch = channels[channelId];
         uint128 available = ch.balance - ch.totalClaimed;
         uint128 amount = pw.amount < available ? pw.amount : available;
-        if (amount > 0) {
-            ch.balance -= amount;
-            _safeTransfer(config.token, config.payer, amount);
-        }
-        emit WithdrawFinalized(channelId, config.payer, amount);
-        if (amount > 0) _emitClosedIfDrained(channelId, config, ch);
-    }
-
-    function _onlyPayerSide(ChannelConfig calldata config) private view {
-        if (msg.sender == config.payer) return;
-        if (config.payerAuthorizer != address(0) && msg.sender == config.payerAuthorizer) return;
-        revert Unauthorized(msg.sender);
-    }
-
-    function _emitClosedIfDrained(bytes32 channelId, ChannelConfig calldata config, ChannelState storage ch) private {
+        ch.balance -= amount;
+        emit WithdrawFinalized(channelId, msg.sender, amount);
         if (ch.balance == 0 && ch.totalClaimed == 0) emit ChannelClosed(channelId, config);
+        if (amount > 0) _safeTransfer(config.token, config.payer, amount);
+    }
+
+    /// The payer, or its authorizer when one is set (a zero authorizer is nobody's address).
+    function _isPayerSide(address sender, ChannelConfig calldata config) private pure returns (bool) {
+        return sender == config.payer || sender == config.payerAuthorizer;
     }
 
     // ---------------------------------------------------------------- EIP-712 views
 
-    function DOMAIN_SEPARATOR() public view returns (bytes32) {
+    function _domainSeparator() private view returns (bytes32) {
         return keccak256(
             abi.encode(EIP712_DOMAIN_TYPEHASH, keccak256(bytes(NAME)), keccak256(bytes(VERSION)), block.chainid, address(this))
         );
@@ -471,6 +464,6 @@ contract DevnetBatchSettlement is DevnetEscrowBase {
     }
 
     function _hashTypedData(bytes32 structHash) private view returns (bytes32) {
-        return keccak256(abi.encodePacked("\x19\x01", DOMAIN_SEPARATOR(), structHash));
+        return keccak256(abi.encodePacked("\x19\x01", _domainSeparator(), structHash));
     }
 }

@@ -15,7 +15,8 @@
 //     DepositWitness(bytes32 channelId).
 // Both move the funds straight to the batch-settlement contract and only that contract may call
 // them (the deposit is credited there, after it has checked that exactly `amount` arrived).
-// No constructor runs at the canonical addresses: everything is a constant.
+// No constructor runs at the canonical addresses: everything is a constant. Seen from outside they
+// behave as the deployed collectors: the same getters, errors, events and order of checks.
 pragma solidity ^0.8.28;
 
 import {ISignatureTransfer, IERC20PermitVRS} from "./DevnetExactPermit2Proxy.sol";
@@ -35,12 +36,13 @@ interface IERC3009Receive {
 
 /// Common part of both collectors: the caller restriction.
 abstract contract DevnetDepositCollectorBase is DevnetEscrowBase, IDevnetDepositCollector {
-    error OnlyBatchSettlement(address caller);
+    error OnlyX402BatchSettlement();
+    error InvalidX402BatchSettlementAddress();
 
-    address public constant BATCH_SETTLEMENT = 0x4020074e9dF2ce1deE5A9C1b5c3f541D02a10003;
+    address public constant x402BatchSettlement = 0x4020074e9dF2ce1deE5A9C1b5c3f541D02a10003;
 
     modifier onlyBatchSettlement() {
-        if (msg.sender != BATCH_SETTLEMENT) revert OnlyBatchSettlement(msg.sender);
+        if (msg.sender != x402BatchSettlement) revert OnlyX402BatchSettlement();
         _;
     }
 }
@@ -49,14 +51,13 @@ contract DevnetERC3009DepositCollector is DevnetDepositCollectorBase {
     function collect(address payer, address token, uint256 amount, bytes32 channelId, bytes calldata collectorData)
         external
         onlyBatchSettlement
-        nonReentrant
     {
         (uint256 validAfter, uint256 validBefore, uint256 salt, bytes memory signature) =
             abi.decode(collectorData, (uint256, uint256, uint256, bytes));
         bytes32 nonce = keccak256(abi.encode(channelId, salt));
         // The token enforces to == msg.sender (this collector), the time window, the nonce and the signature.
         IERC3009Receive(token).receiveWithAuthorization(payer, address(this), amount, validAfter, validBefore, nonce, signature);
-        _safeTransfer(token, BATCH_SETTLEMENT, amount);
+        _safeTransfer(token, x402BatchSettlement, amount);
     }
 }
 
@@ -64,15 +65,19 @@ contract DevnetPermit2DepositCollector is DevnetDepositCollectorBase {
     error Permit2612AmountMismatch();
     error InvalidPermit2Address();
 
+    /// A failing EIP-2612 permit is logged (it may have been front-run) and the Permit2 transfer decides.
+    event EIP2612PermitFailedWithReason(address indexed token, address indexed owner, string reason);
+    event EIP2612PermitFailedWithPanic(address indexed token, address indexed owner, uint256 errorCode);
+    event EIP2612PermitFailedWithData(address indexed token, address indexed owner, bytes data);
+
     ISignatureTransfer public constant PERMIT2 = ISignatureTransfer(0x000000000022D473030F116dDEE9F6B43aC78BA3);
-    bytes32 public constant WITNESS_TYPEHASH = keccak256("DepositWitness(bytes32 channelId)");
-    string public constant WITNESS_TYPE_STRING =
+    bytes32 public constant DEPOSIT_WITNESS_TYPEHASH = keccak256("DepositWitness(bytes32 channelId)");
+    string public constant DEPOSIT_WITNESS_TYPE_STRING =
         "DepositWitness witness)DepositWitness(bytes32 channelId)TokenPermissions(address token,uint256 amount)";
 
     function collect(address payer, address token, uint256 amount, bytes32 channelId, bytes calldata collectorData)
         external
         onlyBatchSettlement
-        nonReentrant
     {
         (uint256 nonce, uint256 deadline, bytes memory signature, bytes memory eip2612PermitData) =
             abi.decode(collectorData, (uint256, uint256, bytes, bytes));
@@ -81,13 +86,27 @@ contract DevnetPermit2DepositCollector is DevnetDepositCollectorBase {
     }
 
     /// Submits the payer's EIP-2612 permit granting Permit2 the allowance. A failing permit is
-    /// ignored (it may have been front-run); the Permit2 transfer then decides.
+    /// logged, by the shape of its revert, and otherwise ignored; the Permit2 transfer then decides.
     function _tryPermit(address payer, address token, uint256 amount, bytes memory data) private {
         (uint256 value, uint256 deadline, uint8 v, bytes32 r, bytes32 s) =
             abi.decode(data, (uint256, uint256, uint8, bytes32, bytes32));
         if (value != amount) revert Permit2612AmountMismatch();
-        (bool ok,) = token.call(abi.encodeCall(IERC20PermitVRS.permit, (payer, address(PERMIT2), value, deadline, v, r, s)));
-        ok; // failure deliberately ignored
+        (bool ok, bytes memory ret) = token.call(abi.encodeCall(IERC20PermitVRS.permit, (payer, address(PERMIT2), value, deadline, v, r, s)));
+        if (ok) return;
+        bytes4 selector = ret.length >= 4 ? bytes4(ret) : bytes4(0);
+        if (selector == 0x08c379a0 && ret.length >= 68) {
+            emit EIP2612PermitFailedWithReason(token, payer, abi.decode(_tail(ret), (string)));
+        } else if (selector == 0x4e487b71 && ret.length == 36) {
+            emit EIP2612PermitFailedWithPanic(token, payer, abi.decode(_tail(ret), (uint256)));
+        } else {
+            emit EIP2612PermitFailedWithData(token, payer, ret);
+        }
+    }
+
+    /// The revert data after its 4-byte selector.
+    function _tail(bytes memory ret) private pure returns (bytes memory tail) {
+        tail = new bytes(ret.length - 4);
+        for (uint256 i = 0; i < tail.length; ++i) tail[i] = ret[i + 4];
     }
 
     function _pull(
@@ -106,10 +125,10 @@ contract DevnetPermit2DepositCollector is DevnetDepositCollectorBase {
                 nonce: nonce,
                 deadline: deadline
             }),
-            ISignatureTransfer.SignatureTransferDetails({to: BATCH_SETTLEMENT, requestedAmount: amount}),
+            ISignatureTransfer.SignatureTransferDetails({to: x402BatchSettlement, requestedAmount: amount}),
             payer,
-            keccak256(abi.encode(WITNESS_TYPEHASH, channelId)),
-            WITNESS_TYPE_STRING,
+            keccak256(abi.encode(DEPOSIT_WITNESS_TYPEHASH, channelId)),
+            DEPOSIT_WITNESS_TYPE_STRING,
             signature
         );
     }

@@ -86,7 +86,7 @@ contract DevnetExactPermit2Proxy {
         Witness calldata witness,
         bytes calldata signature
     ) external nonReentrant {
-        _validate(owner, witness);
+        _validate(permit, owner, witness);
         _transfer(permit, owner, witness, signature);
         emit Settled();
     }
@@ -101,7 +101,7 @@ contract DevnetExactPermit2Proxy {
         bytes calldata signature
     ) external nonReentrant {
         if (permit2612.value != permit.permitted.amount) revert Permit2612AmountMismatch();
-        _validate(owner, witness);
+        _validate(permit, owner, witness);
         // A low-level call instead of try/catch: it also tolerates a token address without code.
         (bool ok,) = permit.permitted.token.call(
             abi.encodeCall(
@@ -114,7 +114,9 @@ contract DevnetExactPermit2Proxy {
         emit SettledWithPermit();
     }
 
-    function _validate(address owner, Witness calldata witness) private view {
+    /// In the deployed proxy's order: a zero amount (a no-op that would consume the Permit2 nonce), then the parties, then time.
+    function _validate(ISignatureTransfer.PermitTransferFrom calldata permit, address owner, Witness calldata witness) private view {
+        if (permit.permitted.amount == 0) revert InvalidAmount();
         if (owner == address(0)) revert InvalidOwner();
         if (witness.to == address(0)) revert InvalidDestination();
         if (block.timestamp < witness.validAfter) revert PaymentTooEarly();
