@@ -127,6 +127,35 @@ describe("smart-wallet payers", () => {
     expect(after).toMatchObject({ wallet: before.wallet - 10_000n, payTo: before.payTo + 10_000n, sent: before.sent + 2 }); // the deployment, then the transfer
   });
 
+  it("an undeployed wallet pays upto and exact over Permit2 with ERC-6492 signatures: verified as if deployed, deployed by its first settlement; a forged one deploys nothing", async () => {
+    const w = devnet.info.smartWallets;
+    const owner = privateKeyToAccount(w.ownerPrivateKey);
+    const deployment = { factory: w.factory, calldata: w.counterfactualPermit2FactoryCalldata };
+    const before = await state(w.counterfactualPermit2);
+    expect(before.code).toBe("0x");
+    expect(before.wallet).toBeGreaterThan(0n);
+    // Signed by a key that does not own the wallet: refused (the simulation as if deployed asks the wallet, ERC-1271), nothing deployed.
+    const forgedPay = payingFetch(walletSigner(w.counterfactualPermit2, privateKeyToAccount(generatePrivateKey()), deployment));
+    expect((await forgedPay(`${base}/upto`)).status).toBe(402);
+    // ... and sent straight to /settle (a hostile resource server): verified as if deployed before the deployment is sent.
+    const { x402Client: Core } = await import("@x402/core/client");
+    const required = JSON.parse(Buffer.from((await fetch(`${base}/upto`)).headers.get("payment-required")!, "base64").toString());
+    const forgedPayload = await Core.fromConfig({ schemes: [{ network: "eip155:*", client: new UptoEvmClient(walletSigner(w.counterfactualPermit2, privateKeyToAccount(generatePrivateKey()), deployment) as never) }] }).createPaymentPayload(required);
+    const forgedSettle = await postJson(`${devnet.info.routerUrl}/settle`, { x402Version: 2, paymentPayload: forgedPayload, paymentRequirements: { ...forgedPayload.accepted, amount: "20000" } });
+    expect(forgedSettle.json).toMatchObject({ success: false, errorReason: "invalid_permit2_signature", transaction: "" });
+    expect(await state(w.counterfactualPermit2)).toEqual(before);
+    // The owner's signature: upto settles 0.02 of its 0.05 ceiling, after the deployment (whose creation calls approve Permit2).
+    const pay = payingFetch(walletSigner(w.counterfactualPermit2, owner, deployment));
+    expect((await pay(`${base}/upto`)).status).toBe(200);
+    const afterUpto = await state(w.counterfactualPermit2);
+    expect(afterUpto.code).not.toBe("0x");
+    expect(afterUpto).toMatchObject({ wallet: before.wallet - 20_000n, payTo: before.payTo + 20_000n, sent: before.sent + 2 }); // the deployment, then the settlement
+    // Now deployed: exact over Permit2 is one transaction (the wrapper's factory call is not repeated).
+    const viaPermit2 = await pay(`${base}/exact-permit2`);
+    expect(viaPermit2.status).toBe(200);
+    expect(await state(w.counterfactualPermit2)).toMatchObject({ wallet: afterUpto.wallet - 30_000n, payTo: afterUpto.payTo + 30_000n, sent: afterUpto.sent + 1 });
+  });
+
   it("a factory off the allow-list is refused, and a forged ERC-6492 signature is refused before any deployment: nothing is sent", async () => {
     // a second copy of our factory, at an address the facilitator does not allow, and a wallet it would deploy
     const contracts = await compileDevnetContracts();

@@ -6,10 +6,12 @@
 import {
   createClient,
   encodeAbiParameters,
+  erc20Abi,
   encodeFunctionData,
   getAddress,
   getContractAddress,
   http,
+  keccak256,
   maxUint256,
   numberToHex,
   pad,
@@ -18,7 +20,8 @@ import {
   type Hex,
 } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
-import { EXACT_PERMIT2_PROXY_ADDRESS, MULTICALL3_ADDRESS, PERMIT2_ADDRESS, type AssetInfo } from "../x402/networks.ts";
+import { EXACT_PERMIT2_PROXY_ADDRESS, MULTICALL3_ADDRESS, NETWORKS, PERMIT2_ADDRESS, type AssetInfo } from "../x402/networks.ts";
+import { DEVNET_ONLY_ASSETS } from "./devnet-assets.ts";
 import { DEFAULT_NETWORK_POLICIES } from "../facilitator/network-policy.ts";
 import { compileDevnetContracts, devnetContract } from "./compile.ts";
 import { permit2DomainSeparator, permit2RuntimeBytecode } from "./permit2.ts";
@@ -50,8 +53,12 @@ export const DEVNET_CANONICAL_CONTRACTS: readonly { contract: string; address: A
   { contract: "DevnetSmartWalletFactory", address: SMART_WALLET_FACTORY_ADDRESS },
 ];
 
-/** The devnet's two smart wallets of one owner: salt 0 deployed (ERC-1271), salt 1 left counterfactual (ERC-6492). */
-export const SMART_WALLET_SALTS = { deployed: pad("0x00"), counterfactual: pad("0x01") } as const;
+/**
+ * The devnet's smart wallets of one owner: salt 0 deployed (ERC-1271), salt 1 left counterfactual
+ * (ERC-6492), salt 2 counterfactual with creation calls that approve Permit2 (it pays over Permit2:
+ * exact and upto).
+ */
+export const SMART_WALLET_SALTS = { deployed: pad("0x00"), counterfactual: pad("0x01"), counterfactualPermit2: pad("0x02") } as const;
 
 export interface SmartWallets {
   owner: Address;
@@ -62,6 +69,9 @@ export interface SmartWallets {
   counterfactual: Address;
   /** What the factory is called with to deploy the counterfactual wallet (its ERC-6492 wrapper carries it). */
   counterfactualFactoryCalldata: Hex;
+  /** Funded, never deployed; its deployment approves Permit2 for every devnet token (the same address on every chain). */
+  counterfactualPermit2: Address;
+  counterfactualPermit2FactoryCalldata: Hex;
 }
 
 /** The owner's wallet addresses (CREATE2 through our factory) and the factory call of the counterfactual one. */
@@ -71,12 +81,18 @@ export async function smartWalletsOf(owner: Address): Promise<SmartWallets> {
   const factory = devnetContract(contracts, "DevnetSmartWalletFactory");
   const initCode = `${wallet.bytecode}${encodeAbiParameters([{ type: "address" }], [owner]).slice(2)}` as Hex;
   const at = (salt: Hex) => getContractAddress({ opcode: "CREATE2", from: SMART_WALLET_FACTORY_ADDRESS, salt, bytecode: initCode });
+  // Permit2 approvals of every token any devnet chain has (a call to an address without code on a chain does nothing there).
+  const tokens = [...new Set([...NETWORKS.flatMap((n) => n.assets), ...Object.values(DEVNET_ONLY_ASSETS).flat()].map((a) => getAddress(a!.address)))].sort();
+  const calls = tokens.map((to) => ({ to, data: encodeFunctionData({ abi: erc20Abi, functionName: "approve", args: [PERMIT2_ADDRESS, maxUint256] }) }));
+  const committed = keccak256(encodeAbiParameters([{ type: "bytes32" }, { type: "tuple[]", components: [{ name: "to", type: "address" }, { name: "data", type: "bytes" }] }], [SMART_WALLET_SALTS.counterfactualPermit2, calls]));
   return {
     owner,
     factory: SMART_WALLET_FACTORY_ADDRESS,
     deployed: at(SMART_WALLET_SALTS.deployed),
     counterfactual: at(SMART_WALLET_SALTS.counterfactual),
     counterfactualFactoryCalldata: encodeFunctionData({ abi: factory.abi, functionName: "createWallet", args: [owner, SMART_WALLET_SALTS.counterfactual] }),
+    counterfactualPermit2: at(committed),
+    counterfactualPermit2FactoryCalldata: encodeFunctionData({ abi: factory.abi, functionName: "createWalletWithCalls", args: [owner, SMART_WALLET_SALTS.counterfactualPermit2, calls] }),
   };
 }
 
@@ -125,7 +141,7 @@ export function defaultPayerTokenAmount(asset: AssetInfo): bigint {
 const INITIALIZE_GAS = 400_000n;
 const MINT_GAS = 120_000n;
 const APPROVE_GAS = 100_000n;
-const WALLET_DEPLOY_GAS = 400_000n;
+const WALLET_DEPLOY_GAS = 1_000_000n;
 const RECEIPT_TIMEOUT_MS = 30_000;
 
 type Rpc = <T = unknown>(method: string, params?: unknown[]) => Promise<T>;
@@ -184,7 +200,7 @@ export async function setupDevnetChain(opts: SetupDevnetChainOptions): Promise<v
   const owner = opts.smartWalletOwner ? payers.find((p) => p.privateKey === opts.smartWalletOwner) : undefined;
   if (opts.smartWalletOwner && !owner?.permit2Approved) throw new Error("devnet setup: the smart wallets' owner must be one of the Permit2-approved payers");
   const wallets = owner ? await smartWalletsOf(owner.account.address) : undefined;
-  const walletTargets = wallets ? [wallets.deployed, wallets.counterfactual] : [];
+  const walletTargets = wallets ? [wallets.deployed, wallets.counterfactual, wallets.counterfactualPermit2] : [];
   if (Number(reportedChainId) !== opts.chainId) {
     throw new Error(`devnet setup: ${opts.rpcUrl} reports chain id ${Number(reportedChainId)}, expected ${opts.chainId}`);
   }

@@ -5,7 +5,9 @@ import type { PaymentPayload, PaymentRequirements, SettleResponse, SupportedResp
 import { ExactEvmScheme } from "@x402/evm/exact/facilitator";
 import { UptoEvmScheme } from "@x402/evm/upto/facilitator";
 import { BatchSettlementEvmScheme } from "@x402/evm/batch-settlement/facilitator";
-import { getAddress, isErc6492Signature, type Address, type Hex, type PrivateKeyAccount } from "viem";
+import { AsyncLocalStorage } from "node:async_hooks";
+import { getAddress, isErc6492Signature, parseErc6492Signature, type Abi, type Address, type Hex, type PrivateKeyAccount } from "viem";
+import { simulateBlocks } from "viem/actions";
 import { authorizationTypes } from "@x402/evm";
 import { RequestError } from "../x402/errors.ts";
 import type { AssetInfo, Caip2 } from "../x402/networks.ts";
@@ -68,7 +70,7 @@ export interface Facilitator {
 
 export function createFacilitator(opts: FacilitatorOptions): Facilitator {
   const core = new x402Facilitator();
-  const signer = servingAssetCode(opts.signer);
+  const signer = simulatingDeployment(servingAssetCode(opts.signer), opts.chain);
   const upto = asCaller(signer, opts.uptoFacilitatorAddress);
   const factories = opts.eip6492Factories ?? [];
   for (const scheme of opts.schemes) {
@@ -139,6 +141,35 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
   }
 
   /**
+   * A Permit2 payment (exact or upto) from a wallet not deployed yet: the reference mechanisms
+   * neither simulate nor deploy it. Its factory must be allowed; its deployment is simulated before
+   * every read of the verification (eth_simulateV1), so every reference check runs as if the wallet
+   * existed, and at /settle it is deployed only once that verification passed.
+   */
+  async function undeployedPermit2Payer(payload: PaymentPayload): Promise<Deployment | { refusal: { reason: string; message: string } } | undefined> {
+    const p = payload.payload as { signature?: unknown; permit2Authorization?: { from?: unknown } };
+    const from = p.permit2Authorization?.from;
+    if (typeof from !== "string" || !/^0x[0-9a-fA-F]{40}$/.test(from) || typeof p.signature !== "string" || !/^0x[0-9a-fA-F]*$/.test(p.signature) || !isErc6492Signature(p.signature as Hex)) return undefined;
+    let wrapped: { address?: Address; data?: Hex };
+    try {
+      wrapped = parseErc6492Signature(p.signature as Hex);
+    } catch {
+      return { refusal: { reason: "invalid_permit2_signature", message: "the ERC-6492 signature cannot be decoded" } };
+    }
+    if (!wrapped.address || !wrapped.data) return undefined;
+    const code = await opts.signer.getCode({ address: getAddress(from) });
+    if (code && code !== "0x") return undefined; // deployed: the reference checks the inner signature (ERC-1271)
+    if (!factories.some((f) => f.toLowerCase() === wrapped.address!.toLowerCase())) {
+      return { refusal: { reason: "eip6492_factory_not_allowed", message: `factory ${wrapped.address} is not on this facilitator's ERC-6492 allow-list` } };
+    }
+    return { factory: getAddress(wrapped.address), data: wrapped.data, payer: getAddress(from) };
+  }
+
+  /** The reference verification, as if an undeployed payer's wallet were deployed (see undeployedPermit2Payer). */
+  const verifyAs = (deployment: Deployment | undefined, payload: PaymentPayload, requirements: PaymentRequirements) =>
+    deployment ? deployedFor.run(deployment, () => core.verify(payload, requirements)) : core.verify(payload, requirements);
+
+  /**
    * A sponsored approval whose fields do not match the payment (another signer, another token):
    * refused before any RPC call, at /verify and at /settle (the reference checks them at /verify only).
    */
@@ -200,13 +231,15 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
           ? { failed: false, value: { isValid: false, invalidReason: refusal.reason, invalidMessage: refusal.message, payer: payerOf(payload) } as VerifyResponse, error: undefined }
           : await watchRpc(() =>
               withAssetCode(opts.signer, requirements, async () => {
-                const forged = (await counterfactualRefusal(payload, requirements)) ?? (await sponsorRefusal(payload, requirements));
+                const undeployed = requirements.scheme === "batch-settlement" ? undefined : await undeployedPermit2Payer(payload);
+                const forged = (undeployed && "refusal" in undeployed ? undeployed.refusal : undefined) ?? (await counterfactualRefusal(payload, requirements)) ?? (await sponsorRefusal(payload, requirements));
                 if (forged) return { isValid: false, invalidReason: forged.reason, invalidMessage: forged.message, payer: payerOf(payload) } as VerifyResponse;
-                const fast = requirements.scheme === "exact" ? await fastExact.verify(payload, requirements) : undefined;
+                const deployment = undeployed && !("refusal" in undeployed) ? undeployed : undefined;
+                const fast = requirements.scheme === "exact" && !deployment ? await fastExact.verify(payload, requirements) : undefined;
                 if (fast) return scrub(fast);
                 // A sponsored approval's simulation answers the mechanism with a boolean: its reason is read back here.
                 const verdict: { refusal?: SponsorRefusal } = {};
-                const r = await sponsorVerdict.run(verdict, () => core.verify(payload, requirements));
+                const r = await sponsorVerdict.run(verdict, () => verifyAs(deployment, payload, requirements));
                 if (!r.isValid && verdict.refusal) return { ...r, invalidReason: verdict.refusal.code, invalidMessage: conciseMessage(verdict.refusal.message) };
                 return scrub(r);
               }),
@@ -250,8 +283,22 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
                 gas,
                 run: () =>
                   withAssetCode(opts.signer, requirements, async () => {
-                    const forged = (await counterfactualRefusal(payload, requirements)) ?? (await sponsorRefusal(payload, requirements));
-                    if (forged) return { success: false, errorReason: forged.reason, errorMessage: forged.message, transaction: "", network: requirements.network, payer: payerOf(payload) } as SettleResponse;
+                    const refused = (reason: string, message?: string) =>
+                      ({ success: false, errorReason: reason, ...(message ? { errorMessage: message } : {}), transaction: "", network: requirements.network, payer: payerOf(payload) }) as SettleResponse;
+                    const undeployed = requirements.scheme === "batch-settlement" ? undefined : await undeployedPermit2Payer(payload);
+                    const forged = (undeployed && "refusal" in undeployed ? undeployed.refusal : undefined) ?? (await counterfactualRefusal(payload, requirements)) ?? (await sponsorRefusal(payload, requirements));
+                    if (forged) return refused(forged.reason, forged.message);
+                    if (undeployed && !("refusal" in undeployed)) {
+                      // Deployed only for a payment that verifies as if the wallet existed: a forged one costs nothing.
+                      // (upto is verified against its signed ceiling, as the reference settle does; the charge is checked by the settlement.)
+                      const permitted = (payload.payload as { permit2Authorization?: { permitted?: { amount?: string } } }).permit2Authorization?.permitted?.amount;
+                      const check = await verifyAs(undeployed, payload, requirements.scheme === "upto" && permitted ? { ...requirements, amount: permitted } : requirements);
+                      if (!check.isValid) return refused(check.invalidReason ?? "invalid_payload", check.invalidMessage);
+                      const hash = await opts.signer.sendTransaction({ to: undeployed.factory, data: undeployed.data });
+                      const deployed = (await opts.signer.waitForTransactionReceipt({ hash })).status === "success";
+                      opts.signer.forgetCode(undeployed.payer);
+                      if (!deployed) return refused("smart_wallet_deployment_failed", "the payer's wallet could not be deployed");
+                    }
                     return withDecodedReverts(() => core.settle(payload, requirements));
                   }),
               }),
@@ -286,6 +333,58 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       opts.metrics.settleTotal.inc({ ...labels, result, reason: reasonLabel(response.errorReason) });
       if (response.errorReason === RPC_UNAVAILABLE) throw rpcUnavailable(opts);
       return response;
+    },
+  };
+}
+
+/** A counterfactual wallet's deployment: the allowed factory and its calldata (from the ERC-6492 wrapper). */
+interface Deployment {
+  factory: Address;
+  data: Hex;
+  /** The wallet it deploys (the payment's payer). */
+  payer: Address;
+}
+
+/** While set, every read of the mechanisms runs after this deployment, in one simulated block. */
+const deployedFor = new AsyncLocalStorage<Deployment>();
+
+/**
+ * The signer whose reads see a counterfactual wallet as deployed (inside deployedFor): the
+ * deployment and the read are simulated together with eth_simulateV1, nothing is sent. As an
+ * ERC-6492 validator does, a wallet is asked about the inner signature, not the wrapper.
+ */
+function simulatingDeployment(signer: OutboxSigner, chain: ChainClient): OutboxSigner {
+  return {
+    ...signer,
+    async getCode(args) {
+      const deployment = deployedFor.getStore();
+      // Any code: the mechanisms only ask whether the payer is a contract (then they ask it, below).
+      if (deployment && getAddress(args.address) === deployment.payer) return "0xfe";
+      return signer.getCode(args);
+    },
+    async readContract(args) {
+      const a = { ...(args as unknown as { address: Address; abi: Abi; functionName: string; args?: readonly unknown[]; account?: Address }) };
+      // ERC-6492: a wallet is asked about the signature inside the wrapper, deployed or not (the
+      // reference mechanisms pass the wrapper to isValidSignature once the wallet exists).
+      if (a.functionName === "isValidSignature" && typeof a.args?.[1] === "string" && isErc6492Signature(a.args[1] as Hex)) {
+        a.args = [a.args[0], parseErc6492Signature(a.args[1] as Hex).signature];
+      }
+      const deployment = deployedFor.getStore();
+      if (!deployment) return signer.readContract(a as unknown as typeof args);
+      const [block] = await simulateBlocks(chain.client, {
+        blocks: [
+          {
+            calls: [
+              { account: signer.getAddresses()[0], to: deployment.factory, data: deployment.data },
+              { account: a.account, to: a.address, abi: a.abi, functionName: a.functionName, args: a.args ?? [] },
+            ] as never,
+          },
+        ],
+      });
+      const [deployed, call] = block!.calls as unknown as { status: string; result?: unknown; error?: Error }[];
+      if (deployed?.status !== "success") throw new Error("the payer's wallet deployment fails when simulated");
+      if (call?.status !== "success") throw call?.error ?? new Error("the call reverts after the wallet's deployment");
+      return call.result;
     },
   };
 }

@@ -11,13 +11,34 @@ contract DevnetSmartWallet {
     bytes4 private constant ERC1271_INVALID = 0xffffffff;
     uint256 private constant HALF_ORDER = 0x7fffffffffffffffffffffffffffffff5d576e7357a4501ddfe92f46681b20a0;
 
+    struct Call {
+        address to;
+        bytes data;
+    }
+
     address public immutable owner;
+    /// The factory that created it: the only caller of `initialize`, once.
+    address private immutable creator;
+    bool private initialized;
 
     error NotOwner(address caller);
     error CallFailed(bytes returned);
+    error AlreadyInitialized();
 
     constructor(address owner_) {
         owner = owner_;
+        creator = msg.sender;
+    }
+
+    /// The wallet's creation calls (an ERC-20 approval of Permit2, say), run by its factory as it
+    /// deploys it; the wallet's address commits to them (see createWalletWithCalls).
+    function initialize(Call[] calldata calls) external {
+        if (msg.sender != creator || initialized) revert AlreadyInitialized();
+        initialized = true;
+        for (uint256 i = 0; i < calls.length; ++i) {
+            (bool ok, bytes memory returned) = calls[i].to.call(calls[i].data);
+            if (!ok) revert CallFailed(returned);
+        }
     }
 
     function isValidSignature(bytes32 hash, bytes calldata signature) external view returns (bytes4) {
@@ -50,6 +71,18 @@ contract DevnetSmartWalletFactory {
         if (wallet.code.length > 0) return wallet;
         DevnetSmartWallet created = new DevnetSmartWallet{salt: salt}(owner);
         emit WalletCreated(address(created), owner, salt);
+        return address(created);
+    }
+
+    /// Deploys the owner's wallet and runs its creation calls. The CREATE2 salt commits to the calls,
+    /// so nobody can deploy the same address with other calls.
+    function createWalletWithCalls(address owner, bytes32 salt, DevnetSmartWallet.Call[] calldata calls) external returns (address wallet) {
+        bytes32 committed = keccak256(abi.encode(salt, calls));
+        wallet = walletAddress(owner, committed);
+        if (wallet.code.length > 0) return wallet;
+        DevnetSmartWallet created = new DevnetSmartWallet{salt: committed}(owner);
+        created.initialize(calls);
+        emit WalletCreated(address(created), owner, committed);
         return address(created);
     }
 

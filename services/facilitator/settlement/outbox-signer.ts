@@ -105,6 +105,8 @@ export interface OutboxSigner extends FacilitatorEvmSigner {
   /** The most one transaction of these kinds may cost right now: the highest ceiling x the fee cap. */
   worstCase(kinds: TransactionKind[]): Promise<bigint>;
   inFlight(): Record<Address, number>;
+  /** An address just got code (a wallet we deployed): its cached "no code" must not outlive that. */
+  forgetCode(address: Address): void;
   account(address: string): PrivateKeyAccount | undefined;
 }
 
@@ -387,6 +389,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   return {
     getAddresses: () => opts.accounts.map((a) => a.address),
     inFlight: () => Object.fromEntries(busy),
+    forgetCode: (address) => void codeCache.delete(address.toLowerCase()),
     account: (address) => accounts.get(address.toLowerCase()),
     broadcast,
     send,
