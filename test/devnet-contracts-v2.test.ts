@@ -27,6 +27,7 @@ import {
   toFunctionSelector,
   toHex,
   zeroAddress,
+  getAddress,
   type Abi,
   type AbiItem,
   type Address,
@@ -103,6 +104,14 @@ const permit2Abi = parseAbi([
 // custom errors and getters, as facts from their published source. Logs and reverts in these
 // tests decode with these and the published ABIs, never with our contracts' own ABI, so a stand-in
 // that drifts (another name, argument or order) fails a test.
+// What the deployed x402 Permit2 proxies show beyond their published ABIs: the base contract's
+// InvalidAmount (a zero settlement) and its events for a failed EIP-2612 permit.
+const deployedProxyFacts = parseAbi([
+  "error InvalidAmount()",
+  "event EIP2612PermitFailedWithReason(address indexed token, address indexed owner, string reason)",
+  "event EIP2612PermitFailedWithPanic(address indexed token, address indexed owner, uint256 errorCode)",
+  "event EIP2612PermitFailedWithData(address indexed token, address indexed owner, bytes data)",
+]);
 const CHANNEL_CONFIG = "(address payer,address payerAuthorizer,address receiver,address receiverAuthorizer,address token,uint40 withdrawDelay,bytes32 salt)";
 const deployedBatchFacts = parseAbi([
   `event ChannelCreated(bytes32 indexed channelId, ${CHANNEL_CONFIG} config)`,
@@ -435,10 +444,10 @@ describe("placement and interfaces", () => {
     expect(DEVNET_CANONICAL_CONTRACTS.map((c) => c.contract)).not.toContain("DevnetReentrancyProbe");
   });
 
-  it("upto proxy implements exactly x402UptoPermit2ProxyABI, with the upto witness type string", async () => {
+  it("upto proxy implements exactly x402UptoPermit2ProxyABI plus the deployed proxy's InvalidAmount and permit-failure events, with the upto witness type string", async () => {
     const ours = devnetContract(contracts, "DevnetUptoPermit2Proxy").abi;
     for (const type of ["function", "event", "error"] as const) {
-      expect(signatures(ours, type)).toEqual(signatures(x402UptoPermit2ProxyABI, type));
+      expect(signatures(ours, type)).toEqual(signatures([...x402UptoPermit2ProxyABI, ...deployedProxyFacts], type));
     }
     expect(await read(UPTO_PERMIT2_PROXY_ADDRESS, uptoAbi, "PERMIT2")).toBe(PERMIT2_ADDRESS);
     // the witness type as the reference client signs it: Witness(address to,address facilitator,uint256 validAfter)
@@ -652,7 +661,7 @@ describe("upto Permit2 proxy", () => {
     expect(await revertOf(simulate(UPTO_PERMIT2_PROXY_ADDRESS, uptoAbi, "settle", args(1n)))).toBe("InvalidNonce");
   });
 
-  it("reverts InvalidOwner, InvalidDestination, PaymentTooEarly, Permit2612AmountMismatch, SignatureExpired", async () => {
+  it("reverts InvalidOwner, InvalidDestination, PaymentTooEarly, Permit2612AmountMismatch, SignatureExpired, InvalidAmount, in the deployed proxy's order", async () => {
     const { permit, witness, signature } = await signUpto(payerA, USDT.address, 100n);
     expect(await revertOf(simulate(UPTO_PERMIT2_PROXY_ADDRESS, uptoAbi, "settle", [permit, 1n, zeroAddress, witness, signature]))).toBe("InvalidOwner");
     expect(await revertOf(simulate(UPTO_PERMIT2_PROXY_ADDRESS, uptoAbi, "settle", [permit, 1n, payerA.address, { ...witness, to: zeroAddress }, signature]))).toBe(
@@ -683,10 +692,28 @@ describe("upto Permit2 proxy", () => {
     expect(await revertOf(simulate(UPTO_PERMIT2_PROXY_ADDRESS, uptoAbi, "settleWithPermit", [ok2612, permit, 101n, payerA.address, witness, signature]))).toBe(
       "AmountExceedsPermitted",
     );
-    // an invalid 2612 permit is ignored: with an existing allowance the payment still settles
+    // The deployed proxy's order of checks: the ceiling, the caller, the 2612 value, then a zero
+    // amount (InvalidAmount: raised by the deployed proxy though the published ABI leaves it out),
+    // the parties and time. Each case breaks two rules; the first one in that order must answer.
+    const upto = (fn: "settle" | "settleWithPermit", args: readonly unknown[], from?: Address) =>
+      revertOf(simulate(UPTO_PERMIT2_PROXY_ADDRESS, [...uptoAbi, ...deployedProxyFacts], fn, args, from));
+    const nowhere = { ...witness, to: zeroAddress };
+    expect(await upto("settle", [permit, 101n, payerA.address, witness, signature], stranger.address)).toBe("AmountExceedsPermitted");
+    expect(await upto("settle", [permit, 0n, payerA.address, witness, signature], stranger.address)).toBe("UnauthorizedFacilitator");
+    expect(await upto("settle", [permit, 0n, zeroAddress, nowhere, signature])).toBe("InvalidAmount");
+    expect(await upto("settle", [early.permit, 1n, payerA.address, { ...early.witness, to: zeroAddress }, early.signature])).toBe("InvalidDestination");
+    expect(await upto("settleWithPermit", [p2612, permit, 101n, payerA.address, witness, signature])).toBe("AmountExceedsPermitted");
+    expect(await upto("settleWithPermit", [p2612, permit, 0n, payerA.address, witness, signature], stranger.address)).toBe("UnauthorizedFacilitator");
+    expect(await upto("settleWithPermit", [p2612, permit, 0n, zeroAddress, witness, signature])).toBe("Permit2612AmountMismatch");
+    expect(await upto("settleWithPermit", [ok2612, permit, 0n, zeroAddress, witness, signature])).toBe("InvalidAmount");
+    // an invalid 2612 permit is not a revert: the deployed proxy reports it in an event, and with an
+    // existing allowance the payment still settles
     const before = await balanceOf(USDT.address, merchant);
-    await send(relayerWallet, UPTO_PERMIT2_PROXY_ADDRESS, uptoAbi, "settleWithPermit", [ok2612, permit, 60n, payerA.address, witness, signature]);
+    const receipt = await send(relayerWallet, UPTO_PERMIT2_PROXY_ADDRESS, uptoAbi, "settleWithPermit", [ok2612, permit, 60n, payerA.address, witness, signature]);
     expect(await balanceOf(USDT.address, merchant)).toBe(before + 60n);
+    const failed = events(receipt, UPTO_PERMIT2_PROXY_ADDRESS, [...uptoAbi, ...deployedProxyFacts]);
+    expect(failed.map((e) => e.eventName)).toEqual([expect.stringMatching(/^EIP2612PermitFailedWith(Reason|Panic|Data)$/), "SettledWithPermit"]);
+    expect(failed[0]!.args).toMatchObject({ token: getAddress(USDT.address), owner: payerA.address });
   });
 
   it("settleWithPermit directly: the EIP-2612 permit for the ceiling gives Permit2 the allowance", async () => {

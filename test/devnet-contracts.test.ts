@@ -90,6 +90,13 @@ const permitTypes = {
   ],
 } as const;
 // Errors of the genuine Permit2 (published interface), so reverts decode by name.
+// The deployed proxy's events for a failed EIP-2612 permit (a fact of its source; the published ABI
+// leaves them out): a failed permit is reported, not reverted.
+const permitFailedFacts = parseAbi([
+  "event EIP2612PermitFailedWithReason(address indexed token, address indexed owner, string reason)",
+  "event EIP2612PermitFailedWithPanic(address indexed token, address indexed owner, uint256 errorCode)",
+  "event EIP2612PermitFailedWithData(address indexed token, address indexed owner, bytes data)",
+]);
 const permit2ErrorsAbi = parseAbi([
   "error InvalidSigner()",
   "error InvalidNonce()",
@@ -311,10 +318,10 @@ describe("setup and interfaces", () => {
     expect(a.slice(2 + (6983 + 32) * 2)).toBe(b.slice(2 + (6983 + 32) * 2));
   });
 
-  it("exact proxy implements exactly x402ExactPermit2ProxyABI", async () => {
+  it("exact proxy implements exactly x402ExactPermit2ProxyABI, plus the deployed proxy's permit-failure events", async () => {
     const ours = devnetContract(contracts, "DevnetExactPermit2Proxy").abi;
     for (const type of ["function", "event", "error"] as const) {
-      expect(signatures(ours, type)).toEqual(signatures(x402ExactPermit2ProxyABI, type));
+      expect(signatures(ours, type)).toEqual(signatures([...x402ExactPermit2ProxyABI, ...permitFailedFacts], type));
     }
     expect(await publicClient.readContract({ address: EXACT_PERMIT2_PROXY_ADDRESS, abi: proxyAbi, functionName: "PERMIT2" })).toBe(PERMIT2_ADDRESS);
     expect(await publicClient.readContract({ address: EXACT_PERMIT2_PROXY_ADDRESS, abi: proxyAbi, functionName: "WITNESS_TYPEHASH" })).toBe(
@@ -645,7 +652,8 @@ describe("exact Permit2 proxy", () => {
       if (frontRun) await send(relayerWallet, USDC.address, stableAbi, "permit", [payerB.address, PERMIT2_ADDRESS, amount, permit.deadline, v, r, s]);
       const [fromBefore, toBefore] = [await balanceOf(USDC.address, payerB.address), await balanceOf(USDC.address, merchant)];
       const receipt = await send(relayerWallet, EXACT_PERMIT2_PROXY_ADDRESS, proxyAbi, "settleWithPermit", [permit2612, permit, payerB.address, witness, signature]);
-      expect(eventNames(receipt, EXACT_PERMIT2_PROXY_ADDRESS, proxyAbi)).toEqual(["SettledWithPermit"]);
+      // a front-run permit (its nonce spent) is reported the deployed proxy's way, and the payment settles
+      expect(eventNames(receipt, EXACT_PERMIT2_PROXY_ADDRESS, [...proxyAbi, ...permitFailedFacts])).toEqual(frontRun ? ["EIP2612PermitFailedWithReason", "SettledWithPermit"] : ["SettledWithPermit"]);
       expect(await balanceOf(USDC.address, payerB.address)).toBe(fromBefore - amount);
       expect(await balanceOf(USDC.address, merchant)).toBe(toBefore + amount);
       expect(await publicClient.readContract({ address: USDC.address, abi: stableAbi, functionName: "allowance", args: [payerB.address, PERMIT2_ADDRESS] })).toBe(0n);
@@ -672,10 +680,16 @@ describe("exact Permit2 proxy", () => {
       "Permit2612AmountMismatch",
     );
     expect(await revertOf(simulate(EXACT_PERMIT2_PROXY_ADDRESS, proxyAbi, "settleWithPermit", [{ ...p2612, value: 10n }, permit, zero, witness, signature]))).toBe("InvalidOwner");
-    // an invalid 2612 permit is ignored: with an existing allowance the payment still settles
+    // an invalid 2612 permit is not a revert: the deployed proxy reports it in an event (a fact of its
+    // source, not in the published ABI), and with an existing allowance the payment still settles
     const before = await balanceOf(USDT.address, merchant);
-    await send(relayerWallet, EXACT_PERMIT2_PROXY_ADDRESS, proxyAbi, "settleWithPermit", [{ ...p2612, value: 10n }, permit, payerA.address, witness, signature]);
+    const receipt = await send(relayerWallet, EXACT_PERMIT2_PROXY_ADDRESS, proxyAbi, "settleWithPermit", [{ ...p2612, value: 10n }, permit, payerA.address, witness, signature]);
     expect(await balanceOf(USDT.address, merchant)).toBe(before + 10n);
+    const logged = receipt.logs
+      .filter((l) => l.address.toLowerCase() === EXACT_PERMIT2_PROXY_ADDRESS.toLowerCase())
+      .map((l) => decodeEventLog({ abi: [...proxyAbi, ...permitFailedFacts], data: l.data, topics: l.topics }));
+    expect(logged.map((e) => e.eventName)).toEqual([expect.stringMatching(/^EIP2612PermitFailedWith(Reason|Panic|Data)$/), "SettledWithPermit"]);
+    expect(logged[0]!.args).toMatchObject({ owner: payerA.address });
   });
 
   it("Permit2 rejects a signature made for another spender, another witness or another owner", async () => {

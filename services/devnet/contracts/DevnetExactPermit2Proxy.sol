@@ -56,6 +56,10 @@ contract DevnetExactPermit2Proxy {
 
     event Settled();
     event SettledWithPermit();
+    // A failed EIP-2612 permit is not a revert: the deployed proxy says why in one of these.
+    event EIP2612PermitFailedWithReason(address indexed token, address indexed owner, string reason);
+    event EIP2612PermitFailedWithPanic(address indexed token, address indexed owner, uint256 errorCode);
+    event EIP2612PermitFailedWithData(address indexed token, address indexed owner, bytes data);
 
     error InvalidAmount();
     error InvalidDestination();
@@ -92,7 +96,8 @@ contract DevnetExactPermit2Proxy {
     }
 
     /// Same as settle, after submitting the owner's EIP-2612 permit granting Permit2 the allowance.
-    /// A failing permit is ignored (it may have been front-run); the transfer then decides.
+    /// A failing permit is reported in an event, not a revert (it may have been front-run); the
+    /// transfer then decides.
     function settleWithPermit(
         EIP2612Permit calldata permit2612,
         ISignatureTransfer.PermitTransferFrom calldata permit,
@@ -101,15 +106,16 @@ contract DevnetExactPermit2Proxy {
         bytes calldata signature
     ) external nonReentrant {
         if (permit2612.value != permit.permitted.amount) revert Permit2612AmountMismatch();
+        try IERC20PermitVRS(permit.permitted.token).permit(
+            owner, address(PERMIT2), permit2612.value, permit2612.deadline, permit2612.v, permit2612.r, permit2612.s
+        ) {} catch Error(string memory reason) {
+            emit EIP2612PermitFailedWithReason(permit.permitted.token, owner, reason);
+        } catch Panic(uint256 errorCode) {
+            emit EIP2612PermitFailedWithPanic(permit.permitted.token, owner, errorCode);
+        } catch (bytes memory data) {
+            emit EIP2612PermitFailedWithData(permit.permitted.token, owner, data);
+        }
         _validate(permit, owner, witness);
-        // A low-level call instead of try/catch: it also tolerates a token address without code.
-        (bool ok,) = permit.permitted.token.call(
-            abi.encodeCall(
-                IERC20PermitVRS.permit,
-                (owner, address(PERMIT2), permit2612.value, permit2612.deadline, permit2612.v, permit2612.r, permit2612.s)
-            )
-        );
-        ok; // failure deliberately ignored
         _transfer(permit, owner, witness, signature);
         emit SettledWithPermit();
     }

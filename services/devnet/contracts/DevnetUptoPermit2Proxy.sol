@@ -31,8 +31,14 @@ contract DevnetUptoPermit2Proxy {
 
     event Settled();
     event SettledWithPermit();
+    // A failed EIP-2612 permit is not a revert: the deployed proxies say why in one of these.
+    event EIP2612PermitFailedWithReason(address indexed token, address indexed owner, string reason);
+    event EIP2612PermitFailedWithPanic(address indexed token, address indexed owner, uint256 errorCode);
+    event EIP2612PermitFailedWithData(address indexed token, address indexed owner, bytes data);
 
     error AmountExceedsPermitted();
+    // Raised by the deployed proxy (from its base contract) though the published upto ABI omits it.
+    error InvalidAmount();
     error InvalidDestination();
     error InvalidOwner();
     error InvalidPermit2Address();
@@ -64,14 +70,15 @@ contract DevnetUptoPermit2Proxy {
         Witness calldata witness,
         bytes calldata signature
     ) external nonReentrant {
-        _validate(permit, amount, owner, witness);
+        _authorize(permit, amount, witness);
+        _validate(amount, owner, witness);
         _transfer(permit, amount, owner, witness, signature);
         emit Settled();
     }
 
     /// Same as settle, after submitting the owner's EIP-2612 permit granting Permit2 the allowance.
-    /// The 2612 permit covers the ceiling (permit.permitted.amount). A failing permit is ignored (it
-    /// may have been front-run); the transfer then decides.
+    /// The 2612 permit covers the ceiling (permit.permitted.amount). A failing permit is reported in
+    /// an event, not a revert (it may have been front-run); the transfer then decides.
     function settleWithPermit(
         EIP2612Permit calldata permit2612,
         ISignatureTransfer.PermitTransferFrom calldata permit,
@@ -80,30 +87,33 @@ contract DevnetUptoPermit2Proxy {
         Witness calldata witness,
         bytes calldata signature
     ) external nonReentrant {
+        _authorize(permit, amount, witness);
         if (permit2612.value != permit.permitted.amount) revert Permit2612AmountMismatch();
-        _validate(permit, amount, owner, witness);
-        // A low-level call instead of try/catch: it also tolerates a token address without code.
-        (bool ok,) = permit.permitted.token.call(
-            abi.encodeCall(
-                IERC20PermitVRS.permit,
-                (owner, address(PERMIT2), permit2612.value, permit2612.deadline, permit2612.v, permit2612.r, permit2612.s)
-            )
-        );
-        ok; // failure deliberately ignored
+        try IERC20PermitVRS(permit.permitted.token).permit(
+            owner, address(PERMIT2), permit2612.value, permit2612.deadline, permit2612.v, permit2612.r, permit2612.s
+        ) {} catch Error(string memory reason) {
+            emit EIP2612PermitFailedWithReason(permit.permitted.token, owner, reason);
+        } catch Panic(uint256 errorCode) {
+            emit EIP2612PermitFailedWithPanic(permit.permitted.token, owner, errorCode);
+        } catch (bytes memory data) {
+            emit EIP2612PermitFailedWithData(permit.permitted.token, owner, data);
+        }
+        _validate(amount, owner, witness);
         _transfer(permit, amount, owner, witness, signature);
         emit SettledWithPermit();
     }
 
-    function _validate(
-        ISignatureTransfer.PermitTransferFrom calldata permit,
-        uint256 amount,
-        address owner,
-        Witness calldata witness
-    ) private view {
+    /// The deployed proxy's order: the ceiling and the caller first (before any permit is tried)...
+    function _authorize(ISignatureTransfer.PermitTransferFrom calldata permit, uint256 amount, Witness calldata witness) private view {
+        if (amount > permit.permitted.amount) revert AmountExceedsPermitted();
+        if (msg.sender != witness.facilitator) revert UnauthorizedFacilitator();
+    }
+
+    /// ...then a zero amount (a no-op that would consume the Permit2 nonce), the parties, and time.
+    function _validate(uint256 amount, address owner, Witness calldata witness) private view {
+        if (amount == 0) revert InvalidAmount();
         if (owner == address(0)) revert InvalidOwner();
         if (witness.to == address(0)) revert InvalidDestination();
-        if (msg.sender != witness.facilitator) revert UnauthorizedFacilitator();
-        if (amount > permit.permitted.amount) revert AmountExceedsPermitted();
         if (block.timestamp < witness.validAfter) revert PaymentTooEarly();
     }
 
