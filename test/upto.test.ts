@@ -93,6 +93,8 @@ function payingFetch(scheme: SchemeNetworkClient = new UptoEvmClient(payer)) {
 
 const balances = async () => ({ payer: await balanceOf(net.rpcUrl, usdc.address, payer.address), payTo: await balanceOf(net.rpcUrl, usdc.address, payTo) });
 const facilitatorNonce = () => chain.getTransactionCount({ address: facilitatorAddress, blockTag: "latest" });
+/** Every key of this network's facilitator, pending transactions included: unchanged means nothing was sent. */
+const signerNonces = () => Promise.all(net.signers.map((address) => chain.getTransactionCount({ address, blockTag: "pending" })));
 
 /** The settlement transaction: mined, successful, sent by the advertised facilitator address to the upto proxy. */
 async function expectSentByFacilitator(hash: string) {
@@ -260,6 +262,39 @@ describe("upto in the service request shape, posted to the router", () => {
     expect(settled.json).toMatchObject({ success: true, amount: CEILING.toString() });
     await expectSentByFacilitator(settled.json.transaction as string);
     expect(await balances()).toEqual({ payer: before.payer - CEILING, payTo: before.payTo + CEILING });
+  });
+
+  it("straight to /settle (no /verify): a tampered signature or a ceiling raised after signing → invalid_permit2_signature, nothing sent; the genuine payment still settles", async () => {
+    const payload = (await signCeiling()) as { signature: Hex; permit2Authorization: { permitted: { amount: string } } };
+    // one byte of s, then one of r, flipped: still 65 bytes, still shaped like a signature
+    const flip = (sig: Hex, byte: number) => `${sig.slice(0, 2 + 2 * byte)}${(parseInt(sig.slice(2 + 2 * byte, 4 + 2 * byte), 16) ^ 0x01).toString(16).padStart(2, "0")}${sig.slice(4 + 2 * byte)}` as Hex;
+    const raised = { ...payload, permit2Authorization: { ...payload.permit2Authorization, permitted: { ...payload.permit2Authorization.permitted, amount: (CEILING * 100n).toString() } } };
+    const hostile: [string, object, bigint][] = [
+      ["s tampered", { ...payload, signature: flip(payload.signature, 40) }, PARTIAL],
+      ["r tampered", { ...payload, signature: flip(payload.signature, 7) }, PARTIAL],
+      ["ceiling raised, charge above the signed ceiling", raised, CEILING * 2n],
+      ["ceiling raised, charge within the signed ceiling", raised, PARTIAL],
+    ];
+    const [before, nonces] = [await balances(), await signerNonces()];
+    for (const [what, tampered, charge] of hostile) {
+      const r = await settle(body(tampered, charge));
+      expect(r.status, what).toBe(200);
+      expect(r.json, what).toMatchObject({ success: false, errorReason: "invalid_permit2_signature", transaction: "" });
+      expect(await signerNonces(), what).toEqual(nonces);
+      expect(await balances(), what).toEqual(before);
+    }
+    // the refusals spent nothing (not the nonce, not the id): the payer's own signature settles
+    const settled = await settle(body(payload, PARTIAL));
+    expect(settled.json).toMatchObject({ success: true, amount: PARTIAL.toString() });
+    await expectSentByFacilitator(settled.json.transaction as string);
+    const after = { payer: before.payer - PARTIAL, payTo: before.payTo + PARTIAL };
+    expect(await balances()).toEqual(after);
+    // ... and a raised copy of the settled payment is refused, never answered with its record
+    const nonces2 = await signerNonces();
+    const copy = await settle(body(raised, CEILING * 2n));
+    expect(copy.json).toMatchObject({ success: false, errorReason: "permit2_invalid_nonce", transaction: "" });
+    expect(await signerNonces()).toEqual(nonces2);
+    expect(await balances()).toEqual(after);
   });
 
   it("a wrong witness.facilitator → upto_facilitator_mismatch at /verify and /settle, no transaction", async () => {
