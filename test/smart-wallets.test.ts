@@ -14,8 +14,8 @@ import { ExactEvmScheme as ExactEvmClient } from "@x402/evm/exact/client";
 import { UptoEvmScheme as UptoEvmServer } from "@x402/evm/upto/server";
 import { UptoEvmScheme as UptoEvmClient } from "@x402/evm/upto/client";
 import { decodePaymentResponseHeader, wrapFetchWithPayment, x402Client } from "@x402/fetch";
-import { EXACT_PERMIT2_PROXY_ADDRESS } from "../services/x402/networks.ts";
-import { createPublicClient, createTestClient, encodeFunctionData, getContractAddress, encodeAbiParameters, hashTypedData, http, pad, serializeErc6492Signature, type Address, type Hex } from "viem";
+import { EXACT_PERMIT2_PROXY_ADDRESS, PERMIT2_ADDRESS } from "../services/x402/networks.ts";
+import { createPublicClient, createTestClient, encodeFunctionData, erc20Abi, getAddress, getContractAddress, encodeAbiParameters, hashTypedData, http, keccak256, maxUint256, pad, serializeErc6492Signature, type Address, type Hex } from "viem";
 import { generatePrivateKey, privateKeyToAccount, type PrivateKeyAccount } from "viem/accounts";
 import { compileDevnetContracts, devnetContract } from "../services/devnet/compile.ts";
 import { DEVNET_MINTER_ADDRESS } from "../services/devnet/chain-setup.ts";
@@ -85,7 +85,7 @@ const payingFetch = (signer: ReturnType<typeof walletSigner>) =>
   wrapFetchWithPayment(fetch, x402Client.fromConfig({ schemes: [{ network: "eip155:*", client: new ExactEvmClient(signer as never) }, { network: "eip155:*", client: new UptoEvmClient(signer as never) }] }));
 
 async function state(wallet: Address) {
-  const nonces = await Promise.all(net().signers.map((s) => chain().getTransactionCount({ address: s })));
+  const nonces = await Promise.all(net().signers.map((s) => chain().getTransactionCount({ address: s, blockTag: "pending" })));
   return {
     wallet: await balanceOf(net().rpcUrl, usdc().address, wallet),
     payTo: await balanceOf(net().rpcUrl, usdc().address, devnet.info.receivers[0]!.address),
@@ -196,15 +196,178 @@ describe("smart-wallet payers", () => {
     expect((await postJson(`${devnet.info.routerUrl}/settle`, forged)).json).toMatchObject({ success: false, errorReason: "invalid_exact_evm_signature", transaction: "" });
     expect(await state(fresh.wallet)).toEqual(beforeForged); // no deployment, no transaction
   });
+
+  it("a factory off the allow-list is refused on the Permit2 paths too (upto, exact over Permit2), at /verify and straight at /settle: nothing sent, the wallet stays undeployed", async () => {
+    // a second copy of our factory at an address the facilitator does not allow, and a funded wallet it
+    // would deploy whose creation calls approve Permit2: payable in every other respect
+    const contracts = await compileDevnetContracts();
+    const rogue: Address = "0x000000000000000000000000000000000000bEEF";
+    await createTestClient({ mode: "anvil", transport: http(net().rpcUrl) }).setCode({ address: rogue, bytecode: devnetContract(contracts, "DevnetSmartWalletFactory").deployedBytecode });
+    const owner = privateKeyToAccount(generatePrivateKey());
+    const w = await freshCounterfactual(owner.address, pad("0x08"), { factory: rogue, permit2: true });
+    await mintUsdc(w.wallet, 1_000_000n);
+    const signer = walletSigner(w.wallet, owner, { factory: rogue, calldata: w.calldata });
+    const before = await state(w.wallet);
+    expect(before.code).toBe("0x");
+
+    for (const path of ["exact-permit2", "upto"] as const) {
+      const { verifyBody, settleBody } = await permit2Bodies(signer, path);
+      expect((await postJson(`${devnet.info.routerUrl}/verify`, verifyBody)).json, path).toMatchObject({ isValid: false, invalidReason: "eip6492_factory_not_allowed" });
+      expect(await state(w.wallet), path).toEqual(before);
+      // a hostile resource server skipping /verify
+      expect((await postJson(`${devnet.info.routerUrl}/settle`, settleBody)).json, path).toMatchObject({ success: false, errorReason: "eip6492_factory_not_allowed", transaction: "" });
+      expect(await state(w.wallet), path).toEqual(before); // not deployed, nothing paid, no signer nonce moved
+      // and through the reference stack
+      expect((await payingFetch(signer)(`${base}/${path}`)).status, path).toBe(402);
+      expect(await state(w.wallet), path).toEqual(before);
+    }
+  });
+
+  it("an undeployed wallet's upto straight at /settle: a charge above the ceiling is refused and a charge of 0 succeeds, neither deploys the wallet nor sends anything", async () => {
+    const owner = privateKeyToAccount(devnet.info.smartWallets.ownerPrivateKey);
+    const w = await freshCounterfactual(owner.address, pad("0x0c"), { permit2: true });
+    await mintUsdc(w.wallet, 1_000_000n);
+    const { verifyBody, settleBody } = await permit2Bodies(walletSigner(w.wallet, owner, { factory: devnet.info.smartWallets.factory, calldata: w.calldata }), "upto");
+    expect((await postJson(`${devnet.info.routerUrl}/verify`, verifyBody)).json).toMatchObject({ isValid: true }); // payable: 50000 ceiling
+    const before = await state(w.wallet);
+    expect(before.code).toBe("0x");
+    const over = await postJson(`${devnet.info.routerUrl}/settle`, { ...settleBody, paymentRequirements: { ...settleBody.paymentRequirements, amount: "50001" } });
+    expect(over.json).toMatchObject({ success: false, errorReason: "invalid_upto_evm_payload_settlement_exceeds_amount", transaction: "" });
+    expect(await state(w.wallet)).toEqual(before); // no deployment for a payment that cannot settle
+    const free = await postJson(`${devnet.info.routerUrl}/settle`, { ...settleBody, paymentRequirements: { ...settleBody.paymentRequirements, amount: "0" } });
+    expect(free.json).toMatchObject({ success: true, transaction: "", amount: "0" });
+    expect(getAddress(free.json.payer as string)).toBe(w.wallet);
+    expect(await state(w.wallet)).toEqual(before); // 0 moves nothing: no deployment either
+    // a payment within its ceiling deploys the wallet and settles (the refusals above were about the charge)
+    const paid = await postJson(`${devnet.info.routerUrl}/settle`, (await permit2Bodies(walletSigner(w.wallet, owner, { factory: devnet.info.smartWallets.factory, calldata: w.calldata }), "upto")).settleBody);
+    expect(paid.json).toMatchObject({ success: true, amount: "20000" });
+    const after = await state(w.wallet);
+    expect(after.code).not.toBe("0x");
+    expect(after).toMatchObject({ wallet: before.wallet - 20_000n, payTo: before.payTo + 20_000n, sent: before.sent + 2 }); // the deployment, then the settlement
+  });
+
+  it("an undeployed wallet's EIP-3009 payment that cannot settle (underfunded), straight at /settle, is refused before any deployment; funded, the same payment deploys and settles", async () => {
+    const owner = privateKeyToAccount(devnet.info.smartWallets.ownerPrivateKey);
+    const w = await freshCounterfactual(owner.address, pad("0x0d"));
+    await mintUsdc(w.wallet, 500n);
+    const { x402Client: Core } = await import("@x402/core/client");
+    const exact = exactRequirements("1000");
+    const paymentPayload = await Core.fromConfig({ schemes: [{ network: "eip155:*", client: new ExactEvmClient(walletSigner(w.wallet, owner, { factory: devnet.info.smartWallets.factory, calldata: w.calldata }) as never) }] }).createPaymentPayload({ x402Version: 2, resource: { url: "https://api.example.com/x" }, accepts: [exact] } as never);
+    const b = { x402Version: 2, paymentPayload, paymentRequirements: exact };
+    const before = await state(w.wallet);
+    expect(before.code).toBe("0x");
+    // a hostile resource server (or anyone) can make such wallets at will: each must not cost a deployment
+    expect((await postJson(`${devnet.info.routerUrl}/settle`, b)).json).toMatchObject({ success: false, errorReason: "invalid_exact_evm_insufficient_balance", transaction: "" });
+    expect(await state(w.wallet)).toEqual(before);
+    await mintUsdc(w.wallet, 500n);
+    expect((await postJson(`${devnet.info.routerUrl}/settle`, b)).json).toMatchObject({ success: true });
+    const after = await state(w.wallet);
+    expect(after.code).not.toBe("0x");
+    expect(after).toMatchObject({ wallet: 0n, payTo: before.payTo + 1_000n, sent: before.sent + 2 }); // the deployment, then the transfer
+  });
+
+  it("a valid /verify of undeployed wallets is read-only (exact EIP-3009, exact over Permit2, upto): code stays empty, no signer nonce moves", async () => {
+    const owner = privateKeyToAccount(devnet.info.smartWallets.ownerPrivateKey);
+    const plain = await freshCounterfactual(owner.address, pad("0x09"));
+    const viaPermit2 = await freshCounterfactual(owner.address, pad("0x0a"), { permit2: true });
+    await mintUsdc(plain.wallet, 1_000_000n);
+    await mintUsdc(viaPermit2.wallet, 1_000_000n);
+    const factory = devnet.info.smartWallets.factory;
+    const [beforePlain, beforePermit2] = [await state(plain.wallet), await state(viaPermit2.wallet)];
+    expect([beforePlain.code, beforePermit2.code]).toEqual(["0x", "0x"]);
+
+    const { x402Client: Core } = await import("@x402/core/client");
+    const exact = exactRequirements("1000");
+    const exactPayload = await Core.fromConfig({ schemes: [{ network: "eip155:*", client: new ExactEvmClient(walletSigner(plain.wallet, owner, { factory, calldata: plain.calldata }) as never) }] }).createPaymentPayload({ x402Version: 2, resource: { url: "https://api.example.com/x" }, accepts: [exact] } as never);
+    const bodies: [string, unknown, Address][] = [["exact (EIP-3009)", { x402Version: 2, paymentPayload: exactPayload, paymentRequirements: exact }, plain.wallet]];
+    for (const path of ["exact-permit2", "upto"] as const) bodies.push([path, (await permit2Bodies(walletSigner(viaPermit2.wallet, owner, { factory, calldata: viaPermit2.calldata }), path)).verifyBody, viaPermit2.wallet]);
+    for (const [what, b, wallet] of bodies) {
+      const r = await postJson(`${devnet.info.routerUrl}/verify`, b);
+      expect(r.json, what).toMatchObject({ isValid: true });
+      expect(getAddress(r.json.payer as string), what).toBe(wallet);
+      expect(await chain().getCode({ address: wallet }), what).toBeUndefined();
+    }
+    expect(await state(plain.wallet)).toEqual(beforePlain);
+    expect(await state(viaPermit2.wallet)).toEqual(beforePermit2);
+  });
+
+  it("an undeployed wallet pays exact over Permit2 as its first payment: its settlement deploys it through the allowed factory, then the exact Permit2 proxy moves the money", async () => {
+    const owner = privateKeyToAccount(devnet.info.smartWallets.ownerPrivateKey);
+    const w = await freshCounterfactual(owner.address, pad("0x0b"), { permit2: true });
+    await mintUsdc(w.wallet, 1_000_000n);
+    const before = await state(w.wallet);
+    expect(before.code).toBe("0x");
+    const res = await payingFetch(walletSigner(w.wallet, owner, { factory: devnet.info.smartWallets.factory, calldata: w.calldata }))(`${base}/exact-permit2`);
+    expect(res.status).toBe(200);
+    const settled = decodePaymentResponseHeader(res.headers.get("payment-response")!);
+    expect(getAddress(settled.payer!)).toBe(w.wallet);
+    const tx = await chain().getTransaction({ hash: settled.transaction as Hex });
+    expect(getAddress(tx.to!)).toBe(getAddress(EXACT_PERMIT2_PROXY_ADDRESS)); // Permit2, not EIP-3009
+    expect(net().signers.map((a) => getAddress(a))).toContain(getAddress(tx.from));
+    expect((await chain().getTransactionReceipt({ hash: settled.transaction as Hex })).status).toBe("success");
+    const after = await state(w.wallet);
+    expect(after.code).not.toBe("0x"); // deployed by the settlement
+    expect(after).toMatchObject({ wallet: before.wallet - 30_000n, payTo: before.payTo + 30_000n, sent: before.sent + 2 }); // the deployment, then the transfer
+  });
 });
 
-/** A counterfactual wallet of `owner` through the devnet's allowed factory, under `salt`, and the call that deploys it. */
-async function freshCounterfactual(owner: Address, salt: Hex): Promise<{ wallet: Address; calldata: Hex }> {
-  const contracts = await compileDevnetContracts();
-  const factory = devnet.info.smartWallets.factory;
-  const walletCode = devnetContract(contracts, "DevnetSmartWallet").bytecode;
+/** exact (EIP-3009) requirements for the devnet USDC. */
+function exactRequirements(amount: string) {
+  return { scheme: "exact", network: NETWORK, asset: usdc().address, amount, payTo: devnet.info.receivers[0]!.address, maxTimeoutSeconds: 300, extra: { name: usdc().eip712!.name, version: usdc().eip712!.version } };
+}
+
+/**
+ * Signed Permit2 payments of `signer` (reference clients), standard v2 shape: exact over Permit2 for
+ * 30000; upto with a 50000 ceiling (verified at the ceiling, settled for 20000).
+ */
+async function permit2Bodies(signer: ReturnType<typeof walletSigner>, path: "exact-permit2" | "upto") {
+  const { x402Client: Core } = await import("@x402/core/client");
+  const payTo = devnet.info.receivers[0]!.address;
+  const eip712 = { name: usdc().eip712!.name, version: usdc().eip712!.version };
+  let requirements: Record<string, unknown>;
+  if (path === "upto") {
+    const supported = (await (await fetch(`${devnet.info.routerUrl}/supported`)).json()) as { kinds: { scheme: string; network: string; extra?: Record<string, unknown> }[] };
+    const facilitatorAddress = supported.kinds.find((k) => k.scheme === "upto" && k.network === NETWORK)!.extra!.facilitatorAddress;
+    requirements = { scheme: "upto", network: NETWORK, asset: usdc().address, amount: "50000", payTo, maxTimeoutSeconds: 300, extra: { ...eip712, facilitatorAddress, assetTransferMethod: "permit2" } };
+  } else {
+    requirements = { scheme: "exact", network: NETWORK, asset: usdc().address, amount: "30000", payTo, maxTimeoutSeconds: 300, extra: { ...eip712, assetTransferMethod: "permit2" } };
+  }
+  const client = Core.fromConfig({ schemes: [{ network: "eip155:*", client: path === "upto" ? new UptoEvmClient(signer as never) : new ExactEvmClient(signer as never) }] });
+  const paymentPayload = await client.createPaymentPayload({ x402Version: 2, resource: { url: "https://api.example.com/x" }, accepts: [requirements] } as never);
   return {
-    wallet: getContractAddress({ opcode: "CREATE2", from: factory, salt, bytecode: `${walletCode}${encodeAbiParameters([{ type: "address" }], [owner]).slice(2)}` as Hex }),
-    calldata: encodeFunctionData({ abi: devnetContract(contracts, "DevnetSmartWalletFactory").abi, functionName: "createWallet", args: [owner, salt] }),
+    verifyBody: { x402Version: 2, paymentPayload, paymentRequirements: requirements },
+    settleBody: { x402Version: 2, paymentPayload, paymentRequirements: path === "upto" ? { ...requirements, amount: "20000" } : requirements },
   };
+}
+
+/**
+ * A counterfactual wallet of `owner` under `salt`, through the devnet's allowed factory unless
+ * another is named, and the call that deploys it; with `permit2`, its creation calls approve Permit2
+ * for the devnet USDC (as the devnet's own Permit2 wallet does), so it can pay over Permit2.
+ */
+async function freshCounterfactual(owner: Address, salt: Hex, opts: { factory?: Address; permit2?: boolean } = {}): Promise<{ wallet: Address; calldata: Hex }> {
+  const contracts = await compileDevnetContracts();
+  const factory = opts.factory ?? devnet.info.smartWallets.factory;
+  const factoryAbi = devnetContract(contracts, "DevnetSmartWalletFactory").abi;
+  const initCode = `${devnetContract(contracts, "DevnetSmartWallet").bytecode}${encodeAbiParameters([{ type: "address" }], [owner]).slice(2)}` as Hex;
+  if (!opts.permit2) {
+    return {
+      wallet: getContractAddress({ opcode: "CREATE2", from: factory, salt, bytecode: initCode }),
+      calldata: encodeFunctionData({ abi: factoryAbi, functionName: "createWallet", args: [owner, salt] }),
+    };
+  }
+  const calls = [{ to: usdc().address, data: encodeFunctionData({ abi: erc20Abi, functionName: "approve", args: [PERMIT2_ADDRESS, maxUint256] }) }];
+  const committed = keccak256(encodeAbiParameters([{ type: "bytes32" }, { type: "tuple[]", components: [{ name: "to", type: "address" }, { name: "data", type: "bytes" }] }], [salt, calls]));
+  return {
+    wallet: getContractAddress({ opcode: "CREATE2", from: factory, salt: committed, bytecode: initCode }),
+    calldata: encodeFunctionData({ abi: factoryAbi, functionName: "createWalletWithCalls", args: [owner, salt, calls] }),
+  };
+}
+
+/** Mints devnet USDC to `to` (the devnet minter is an unlocked anvil account). */
+async function mintUsdc(to: Address, amount: bigint) {
+  const contracts = await compileDevnetContracts();
+  const data = encodeFunctionData({ abi: devnetContract(contracts, "DevnetStablecoin").abi, functionName: "mint", args: [to, amount] });
+  const hash = (await chain().request({ method: "eth_sendTransaction", params: [{ from: DEVNET_MINTER_ADDRESS, to: usdc().address, data }] } as never)) as Hex;
+  expect((await chain().waitForTransactionReceipt({ hash })).status).toBe("success");
 }

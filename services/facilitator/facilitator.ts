@@ -288,12 +288,26 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
                     const undeployed = requirements.scheme === "batch-settlement" ? undefined : await undeployedPermit2Payer(payload);
                     const forged = (undeployed && "refusal" in undeployed ? undeployed.refusal : undefined) ?? (await counterfactualRefusal(payload, requirements)) ?? (await sponsorRefusal(payload, requirements));
                     if (forged) return refused(forged.reason, forged.message);
+                    if (requirements.scheme === "exact" && !undeployed && isErc6492Eip3009(payload)) {
+                      // The reference EIP-3009 settle verifies without simulating, then deploys a counterfactual
+                      // wallet: an unpayable payment (no balance, nonce used) from a fresh wallet would cost us a
+                      // deployment every time. Verified whole first, as at /verify (deployment and transfer simulated).
+                      const check = await core.verify(payload, requirements);
+                      if (!check.isValid) return refused(check.invalidReason ?? "invalid_payload", check.invalidMessage);
+                    }
                     if (undeployed && !("refusal" in undeployed)) {
                       // Deployed only for a payment that verifies as if the wallet existed: a forged one costs nothing.
                       // (upto is verified against its signed ceiling, as the reference settle does; the charge is checked by the settlement.)
                       const permitted = (payload.payload as { permit2Authorization?: { permitted?: { amount?: string } } }).permit2Authorization?.permitted?.amount;
                       const check = await verifyAs(undeployed, payload, requirements.scheme === "upto" && permitted ? { ...requirements, amount: permitted } : requirements);
                       if (!check.isValid) return refused(check.invalidReason ?? "invalid_payload", check.invalidMessage);
+                      if (requirements.scheme === "upto" && permitted) {
+                        // The charge too, before the deployment: above the ceiling the reference refuses and at 0 it
+                        // sends nothing, so neither may cost us a deployment (the reference's answers, in its order).
+                        const charge = BigInt(requirements.amount);
+                        if (charge > BigInt(permitted)) return refused("invalid_upto_evm_payload_settlement_exceeds_amount");
+                        if (charge === 0n) return { success: true, transaction: "", network: requirements.network, payer: payerOf(payload), amount: "0" } as SettleResponse;
+                      }
                       const hash = await opts.signer.sendTransaction({ to: undeployed.factory, data: undeployed.data });
                       const deployed = (await opts.signer.waitForTransactionReceipt({ hash })).status === "success";
                       opts.signer.forgetCode(undeployed.payer);
@@ -479,6 +493,12 @@ function worthlessReason(payload: PaymentPayload, requirements: PaymentRequireme
   if (requirements.scheme === "upto" && step === "settle") return undefined;
   if (BigInt(requirements.amount) === 0n) return "the amount is 0: a payment must move a positive amount";
   return undefined;
+}
+
+/** An EIP-3009 payload whose signature is ERC-6492-wrapped (a payer wallet the reference may deploy at /settle). */
+function isErc6492Eip3009(payload: PaymentPayload): boolean {
+  const p = payload.payload as { signature?: unknown; authorization?: unknown; permit2Authorization?: unknown };
+  return !!p.authorization && !p.permit2Authorization && typeof p.signature === "string" && /^0x[0-9a-fA-F]*$/.test(p.signature) && isErc6492Signature(p.signature as Hex);
 }
 
 /** The payer as the mechanism sees it: Permit2 wins when present (the reference executes it first). */
