@@ -164,7 +164,8 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
           // Without block times anvil mines a block per transaction: deeper confirmations would wait for blocks that never come.
           confirmations,
           // anvil serves eth_sendRawTransactionSync (EIP-7966): a settlement and its receipt in one round trip.
-          policy: { sendRawTransactionSync: true },
+          // Without block times anvil mines at any moment: no block is provably still the head.
+          policy: { sendRawTransactionSync: true, minBlockIntervalMs: opts.blockTimes ? policy.blockTimeMs : 0 },
           // Counterfactual smart wallets are deployed only through the devnet's own factory.
           eip6492Factories: [SMART_WALLET_FACTORY_ADDRESS],
           // Payers of tokens without EIP-2612 (USDT on 56) pay without gas: their approval is funded

@@ -3,7 +3,9 @@
 // test compares them), but signature recovery is native and the only RPC round trip in steady
 // state is the transfer simulation: account code is classified once per short window and asset
 // code is cached. Anything else (contract wallets, ERC-6492, Permit2) returns undefined and the
-// reference mechanism decides.
+// reference mechanism decides. Where a block is provably still the head (settlement/head.ts), the
+// simulation is pinned to it and its gas kept, so a settlement within that block sends at once
+// (outbox-signer.ts takeSimulation).
 import { startAssetContractCheck, authorizationTypes, eip3009ABI } from "@x402/evm";
 import type { PaymentPayload, PaymentRequirements, VerifyResponse } from "@x402/core/types";
 import { concat, encodeFunctionData, getAddress, getTypesForEIP712Domain, hashDomain, hashStruct, isAddressEqual, keccak256, parseSignature, type Address, type Hex } from "viem";
@@ -29,6 +31,9 @@ const R = {
   balance: "invalid_exact_evm_insufficient_balance",
   simulation: "invalid_exact_evm_transaction_simulation_failed",
 } as const;
+
+/** The simulation's sender: transferWithAuthorization does not depend on it (the zero address holds no state we need). */
+const ZERO: Address = "0x0000000000000000000000000000000000000000";
 
 interface Eip3009Authorization {
   from: Address;
@@ -122,7 +127,11 @@ export function createFastExactVerifier(opts: { chain: ChainClient; signer: Outb
         functionName: "transferWithAuthorization",
         args: [getAddress(auth.from), getAddress(auth.to), BigInt(auth.value), BigInt(auth.validAfter), BigInt(auth.validBefore), auth.nonce, Number(sig.v ?? BigInt(sig.yParity)), sig.r, sig.s],
       });
-      await chain.client.call({ to: asset, data });
+      // Simulated at the block that is provably still the head, with the gas it needs: a settlement
+      // of this very call while that block is still the head reuses it instead of simulating again.
+      const head = signer.head();
+      if (head === undefined) await chain.client.call({ to: asset, data });
+      else signer.noteSimulated(asset, data, head, await chain.client.estimateGas({ account: ZERO, to: asset, data, blockNumber: head }));
     } catch (e) {
       const diagnosis = await diagnose(asset, auth, requirements, payer);
       return { ...diagnosis, invalidMessage: (e as Error).message };

@@ -32,6 +32,13 @@ export interface NetworkPolicy {
   blockTimeMs: number;
   /** Whether the endpoint serves eth_sendRawTransactionSync (EIP-7966); doctor reports what it finds. */
   sendRawTransactionSync: boolean;
+  /**
+   * The least time between two blocks the chain guarantees (a sequencer's fixed schedule), or 0 for
+   * no guarantee. With a guarantee, the head block we saw is provably still the head for a while,
+   * so a payment simulated at it during /verify is not simulated again at /settle within that
+   * window (settlement/head.ts). 0 on a chain that can mine at any moment (anvil's automine).
+   */
+  minBlockIntervalMs: number;
 }
 
 const GWEI = 1_000_000_000n;
@@ -47,6 +54,8 @@ const bsc: NetworkPolicy = {
   confirmations: 3,
   blockTimeMs: 750,
   sendRawTransactionSync: false,
+  // Block times have changed by hard fork (3 s, 1.5 s, 0.75 s): no schedule is relied on.
+  minBlockIntervalMs: 0,
 };
 
 export const DEFAULT_NETWORK_POLICIES: Readonly<Record<string, NetworkPolicy>> = {
@@ -61,6 +70,8 @@ export const DEFAULT_NETWORK_POLICIES: Readonly<Record<string, NetworkPolicy>> =
     confirmations: 1,
     blockTimeMs: 2000,
     sendRawTransactionSync: false,
+    // The OP Stack's block time is a rollup parameter: the sequencer makes one block every 2 s.
+    minBlockIntervalMs: 2000,
   },
   "eip155:84532": {
     minPriorityFeePerGasWei: 0n,
@@ -69,6 +80,7 @@ export const DEFAULT_NETWORK_POLICIES: Readonly<Record<string, NetworkPolicy>> =
     confirmations: 1,
     blockTimeMs: 2000,
     sendRawTransactionSync: false,
+    minBlockIntervalMs: 2000,
   },
   "eip155:137": {
     // Polygon PoS nodes refuse tips below 25 gwei (docs.polygon.technology, gas station).
@@ -79,6 +91,7 @@ export const DEFAULT_NETWORK_POLICIES: Readonly<Record<string, NetworkPolicy>> =
     confirmations: 3,
     blockTimeMs: 2000,
     sendRawTransactionSync: false,
+    minBlockIntervalMs: 0, // the producer's period is a target, not a guarantee
   },
   "eip155:42161": {
     minPriorityFeePerGasWei: 0n, // the sequencer ignores tips
@@ -88,6 +101,7 @@ export const DEFAULT_NETWORK_POLICIES: Readonly<Record<string, NetworkPolicy>> =
     confirmations: 1,
     blockTimeMs: 250,
     sendRawTransactionSync: false,
+    minBlockIntervalMs: 0, // the sequencer makes blocks as transactions come, up to every 250 ms
   },
 };
 
@@ -99,6 +113,7 @@ export const FALLBACK_POLICY: NetworkPolicy = {
   confirmations: 1,
   blockTimeMs: 12_000,
   sendRawTransactionSync: false,
+  minBlockIntervalMs: 0,
 };
 
 const wei = z.union([z.string().regex(/^[0-9]+$/), z.number().int().min(0)]).transform((v) => BigInt(v));
@@ -115,6 +130,7 @@ export const policyOverrideSchema = z
     confirmations: z.number().int().min(1).max(1000),
     blockTimeMs: z.number().int().min(1).max(600_000),
     sendRawTransactionSync: z.boolean(),
+    minBlockIntervalMs: z.number().int().min(0).max(600_000),
   })
   .strict()
   .partial();

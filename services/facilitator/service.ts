@@ -92,6 +92,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     crashAt: crashAt && CRASH_POINTS.has(crashAt) ? (crashAt as "after_store" | "after_broadcast") : undefined,
     dataFee: policy.dataFee,
     syncSend: policy.sendRawTransactionSync,
+    minBlockIntervalMs: policy.minBlockIntervalMs,
     eip6492Factories: config.eip6492Factories,
   });
   const balances = watchBalances({
@@ -200,6 +201,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
       await app.close();
       await admin.close();
       await reconciler.stop();
+      signer.stop();
       if (!deps.db) await db.close();
     },
   };

@@ -33,9 +33,9 @@ export interface Rig {
   stop(): Promise<void>;
 }
 
-export async function startRig(opts: { keys?: number; engine?: "embedded" | "postgres" } = {}): Promise<Rig> {
+export async function startRig(opts: { keys?: number; engine?: "embedded" | "postgres"; blockTime?: number } = {}): Promise<Rig> {
   const net = networkInfo("eip155:8453")!;
-  const anvil = await startAnvil({ chainId: net.chainId });
+  const anvil = await startAnvil({ chainId: net.chainId, blockTime: opts.blockTime });
   const signerKeys = Array.from({ length: opts.keys ?? 1 }, () => generatePrivateKey());
   const payerKey = generatePrivateKey();
   const receiver = privateKeyToAccount(generatePrivateKey()).address;
@@ -70,6 +70,8 @@ export async function startRig(opts: { keys?: number; engine?: "embedded" | "pos
         port: 0,
         ...(opts.engine === "postgres" ? { databaseUrl: DATABASE_URL } : { dataDir: join(dir, `db-${running.length}`) }),
         ...overrides,
+        // anvil mines on demand here: no block is provably still the head (unless a test says otherwise).
+        policy: { minBlockIntervalMs: 0, ...overrides.policy },
       });
       const f = await startFacilitatorService(config, pino({ level: process.env.TEST_LOG_LEVEL ?? "silent" }));
       running.push(f);

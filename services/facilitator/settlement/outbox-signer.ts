@@ -28,6 +28,7 @@ import { settlementContext } from "./context.ts";
 import type { DataFeeModel } from "../network-policy.ts";
 import { BelowFeeFloorError, DEFAULT_BASE_FEE_MULTIPLIER, GasCeilingExceededError, createGasPolicy, transactionKind, type Fees, type GasPolicy, type TransactionKind } from "./gas-policy.ts";
 import { GAS_BUDGET_EXHAUSTED } from "./gas-meter.ts";
+import { createHeadTracker } from "./head.ts";
 import { pollMined, sleep } from "./receipts.ts";
 import { cleanLine, explainCallFailure, failureCodeOf } from "./reverts.ts";
 import type { OutboxRow, SettlementStore } from "./store.ts";
@@ -63,6 +64,10 @@ export interface OutboxSignerOptions {
   syncSend?: boolean;
   /** ERC-6492 factories: a call to one deploys a payer's wallet (kind wallet_deployment, never a payment's outcome). */
   eip6492Factories?: readonly Address[];
+  /** How often fees and the head block are read in the background (never on a settlement's path once warm). */
+  feeRefreshMs?: number;
+  /** The chain's guaranteed least block interval (network-policy.ts); 0: every settlement is simulated again. */
+  minBlockIntervalMs?: number;
 }
 
 /** How long an endpoint that did not know eth_sendRawTransactionSync is not asked again. */
@@ -107,6 +112,16 @@ export interface OutboxSigner extends FacilitatorEvmSigner {
   inFlight(): Record<Address, number>;
   /** An address just got code (a wallet we deployed): its cached "no code" must not outlive that. */
   forgetCode(address: Address): void;
+  /** The block that is provably still the head (settlement/head.ts), or undefined. */
+  head(): bigint | undefined;
+  /**
+   * A verification simulated exactly this call at block `block` and it needed `gas`: a settlement of
+   * the same call while that block is provably still the head reuses it instead of simulating again
+   * (the chain state it would simulate against is the same).
+   */
+  noteSimulated(to: Address, data: Hex, block: bigint, gas: bigint): void;
+  /** Stops the background fee reads. */
+  stop(): void;
   account(address: string): PrivateKeyAccount | undefined;
 }
 
@@ -139,6 +154,8 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   // Account classification (code or none) changes rarely: read it once per short window.
   const codeCache = new Map<string, { code: Hex | undefined; until: number }>();
   const CODE_TTL_MS = 10_000;
+  // Calls a verification simulated, by target and calldata: the block and the gas it needed.
+  const simulated = new Map<string, { block: bigint; gas: bigint }>();
   // Receipts that came with a synchronous send, taken by the receipt wait of the same transaction.
   const syncReceipts = new Map<string, TransactionReceipt>();
   let syncUnservedUntil = 0;
@@ -166,23 +183,52 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     throw new SettlementNotSentError(cleanLine(line));
   }
 
-  // Fee estimates change per block at most: one estimate serves every settlement of the next second.
+  // Fee estimates change per block at most. They are read in the background with the head block
+  // (a few times per block where the chain keeps a schedule, so the head stays provable), and a
+  // settlement takes them from memory; a cache older than a few refreshes (the background read
+  // failing) is refreshed on the request path.
+  const minBlockIntervalMs = opts.minBlockIntervalMs ?? 0;
+  const refreshMs = opts.feeRefreshMs ?? (minBlockIntervalMs > 0 ? Math.min(1000, Math.max(100, minBlockIntervalMs / 4)) : 1000);
+  const head = createHeadTracker(minBlockIntervalMs);
+  let offScheduleLogged = false;
   let feeCache: { at: number; value: Promise<MarketFees> } | undefined;
+  function refreshFees(): Promise<MarketFees> {
+    const value = (async () => {
+      const startedAt = Date.now();
+      const block = await client.getBlock({ blockTag: "latest" });
+      head.observe(block.number!, startedAt, block.timestamp);
+      if (head.offSchedule() && !offScheduleLogged) {
+        offScheduleLogged = true;
+        opts.logger.warn({ network, minBlockIntervalMs }, "the chain makes blocks faster than its policy's minBlockIntervalMs: every settlement is simulated again");
+      }
+      const baseFeePerGas = block.baseFeePerGas ?? 0n;
+      // The market's tip, never under the chain's floor (Polygon's 25 gwei, BSC's minimum gas price).
+      const tip = policy.tip(await client.estimateMaxPriorityFeePerGas({ block } as never));
+      const cap = policy.feeCap(baseFeePerGas, tip);
+      // viem's default: 1.2 x base fee + tip leaves room for base-fee rises over a few blocks.
+      const fees = policy.clamp({ maxFeePerGas: (baseFeePerGas * 12n) / 10n + tip, maxPriorityFeePerGas: tip }, cap);
+      // A cap under the chain's tip floor: fees its nodes refuse by rule. Flagged, and never signed.
+      // (Without a floor, a cap under a spiking base fee is the node's call: refused, the nonce reused.)
+      const belowFloor = policy.minPriorityFeePerGas > 0n && (fees.maxPriorityFeePerGas < policy.minPriorityFeePerGas || fees.maxFeePerGas < baseFeePerGas + policy.minPriorityFeePerGas);
+      return { baseFeePerGas, cap, belowFloor, ...fees };
+    })();
+    // The previous value serves until the new one is in: a refresh never makes a settlement wait.
+    value.then(
+      () => (feeCache = { at: Date.now(), value }),
+      () => undefined,
+    );
+    return value;
+  }
+  // Only while payments come in (and a minute after the last): an idle facilitator does not poll its provider.
+  let lastUse = 0;
+  const background = setInterval(() => {
+    if (Date.now() - lastUse < 60_000) void refreshFees().catch(() => undefined);
+  }, refreshMs);
+  background.unref();
   async function marketFees(): Promise<MarketFees> {
-    if (!feeCache || Date.now() - feeCache.at > 1000) {
-      const value = (async () => {
-        const block = await client.getBlock({ blockTag: "latest" });
-        const baseFeePerGas = block.baseFeePerGas ?? 0n;
-        // The market's tip, never under the chain's floor (Polygon's 25 gwei, BSC's minimum gas price).
-        const tip = policy.tip(await client.estimateMaxPriorityFeePerGas({ block } as never));
-        const cap = policy.feeCap(baseFeePerGas, tip);
-        // viem's default: 1.2 x base fee + tip leaves room for base-fee rises over a few blocks.
-        const fees = policy.clamp({ maxFeePerGas: (baseFeePerGas * 12n) / 10n + tip, maxPriorityFeePerGas: tip }, cap);
-        // A cap under the chain's tip floor: fees its nodes refuse by rule. Flagged, and never signed.
-        // (Without a floor, a cap under a spiking base fee is the node's call: refused, the nonce reused.)
-        const belowFloor = policy.minPriorityFeePerGas > 0n && (fees.maxPriorityFeePerGas < policy.minPriorityFeePerGas || fees.maxFeePerGas < baseFeePerGas + policy.minPriorityFeePerGas);
-        return { baseFeePerGas, cap, belowFloor, ...fees };
-      })();
+    lastUse = Date.now();
+    if (!feeCache || Date.now() - feeCache.at > Math.max(5000, refreshMs * 5)) {
+      const value = refreshFees();
       feeCache = { at: Date.now(), value };
       value.catch(() => (feeCache = undefined));
     }
@@ -208,7 +254,10 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   async function sendSync(row: Pick<OutboxRow, "id" | "raw_tx" | "hash">): Promise<boolean> {
     if (!opts.syncSend || Date.now() < syncUnservedUntil) return false;
     try {
+      const startedAt = Date.now();
       const receipt = await sendRawTransactionSync(client, { serializedTransaction: row.raw_tx });
+      // The block holding our transaction was made after we sent it: a head we saw, for free.
+      head.observe(receipt.blockNumber, startedAt);
       if (syncReceipts.size > 10_000) syncReceipts.clear(); // taken by the receipt wait; this bounds the rare leftovers
       syncReceipts.set(row.hash, receipt);
       return true;
@@ -277,15 +326,43 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
 
   /**
    * OP Stack: the L1 data fee comes out of the key's balance on top of gas x price. Quoted by the
-   * chain's GasPriceOracle for this very transaction; above the bound (or unquotable) it is not signed.
+   * chain's GasPriceOracle; above the bound (or unquotable) the transaction is not signed. The fee
+   * follows the L1 fees and the transaction's size, so a quote of a transaction of the same kind and
+   * size serves for a minute, raised by the most L1 fees can rise meanwhile (EIP-1559 and EIP-4844:
+   * 12.5% per L1 block of 12 s), and is re-quoted in the background after one L1 block: never a
+   * round trip on a settlement's path once warm. (The oracle's compression estimate of two such
+   * transactions may differ by a few bytes: far inside the bound's margin.)
    */
+  const l1Quotes = new Map<string, { at: number; quote: Promise<bigint> }>();
+  const L1_BLOCK_MS = 12_000;
+  const L1_QUOTE_TTL_MS = 60_000;
+  function quoteL1Fee(model: { oracle: Address }, kind: TransactionKind, args: { to: Address; data: Hex }, gas: bigint, fee: Fees): Promise<bigint> {
+    const key = `${kind}:${args.data.length}`;
+    const cached = l1Quotes.get(key);
+    const fresh = () => {
+      const unsigned = serializeTransaction({ chainId: chain.id, type: "eip1559", to: args.to, data: args.data, gas, nonce: 0, maxFeePerGas: fee.maxFeePerGas, maxPriorityFeePerGas: fee.maxPriorityFeePerGas });
+      const quote = client.readContract({ address: model.oracle, abi: getL1FeeAbi, functionName: "getL1Fee", args: [unsigned] });
+      const at = Date.now();
+      quote.then(
+        () => l1Quotes.set(key, { at, quote }),
+        () => l1Quotes.delete(key),
+      );
+      return quote;
+    };
+    const age = cached ? Date.now() - cached.at : Infinity;
+    if (!cached || age >= L1_QUOTE_TTL_MS) return fresh();
+    if (age > L1_BLOCK_MS) void fresh().catch(() => undefined);
+    // The most the fee can have grown since the quote: 9/8 per L1 block begun since.
+    const blocks = BigInt(1 + Math.floor(age / L1_BLOCK_MS));
+    return cached.quote.then((q) => (q * 9n ** blocks) / 8n ** blocks);
+  }
+
   async function checkDataFee(kind: TransactionKind, args: { to: Address; data: Hex }, gas: bigint, fee: Fees): Promise<void> {
     const model = opts.dataFee;
     if (model?.kind !== "op-l1-fee") return;
-    const unsigned = serializeTransaction({ chainId: chain.id, type: "eip1559", to: args.to, data: args.data, gas, nonce: 0, maxFeePerGas: fee.maxFeePerGas, maxPriorityFeePerGas: fee.maxPriorityFeePerGas });
     let quote: bigint;
     try {
-      quote = await client.readContract({ address: model.oracle, abi: getL1FeeAbi, functionName: "getL1Fee", args: [unsigned] });
+      quote = await quoteL1Fee(model, kind, args, gas, fee);
     } catch (e) {
       noteRpcFailure(e);
       fail(kind, undefined, `the L1 data fee of the ${kind} transaction could not be quoted (GasPriceOracle ${model.oracle}); it was not signed`);
@@ -309,8 +386,12 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       // The L1 data fee is quoted beside the simulation, not after it: quoted at the kind's gas
       // ceiling, the transaction's size (all the quote depends on) is never under the one signed.
       const dataFee = fees.then((fee) => checkDataFee(kind, args, args.gas ?? policy.ceiling(kind), fee));
+      // A payment verified in the current head block needs no second simulation: the state it would
+      // run against is the one its verification ran against (EIP-3009 transfers do not depend on the sender).
+      const verified = args.gas === undefined && kind === "eip3009_transfer" ? takeSimulation(args.to, args.data) : undefined;
       const [estimate, fee] = await Promise.all([
         args.gas ??
+          verified ??
           client.estimateGas({ account: account.address, to: args.to, data: args.data, ...(value ? { value } : {}) }).catch(async (e) => {
             // The call would revert now: say why, in a reason code and a line without calldata.
             const why = await explainCallFailure(opts.chain, kind, args.to, args.data, e);
@@ -372,6 +453,14 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     }
   }
 
+  /** The gas a verification's simulation of this very call needed, if it ran at the block that is provably still the head. */
+  function takeSimulation(to: Address, data: Hex): bigint | undefined {
+    const key = `${to.toLowerCase()}:${data}`;
+    const hit = simulated.get(key);
+    simulated.delete(key);
+    return hit && hit.block === head.current() ? hit.gas : undefined;
+  }
+
   /** The receipt a synchronous send brought, when one block is final enough. */
   function takeSyncReceipt(hash: Hex): { hash: Hex; receipt: TransactionReceipt } | undefined {
     const receipt = syncReceipts.get(hash);
@@ -390,6 +479,15 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     getAddresses: () => opts.accounts.map((a) => a.address),
     inFlight: () => Object.fromEntries(busy),
     forgetCode: (address) => void codeCache.delete(address.toLowerCase()),
+    head: () => {
+      lastUse = Date.now();
+      return head.current();
+    },
+    noteSimulated(to, data, block, gas) {
+      if (simulated.size > 10_000) simulated.clear(); // taken by the settlement; this bounds the ones never settled
+      simulated.set(`${to.toLowerCase()}:${data}`, { block, gas });
+    },
+    stop: () => clearInterval(background),
     account: (address) => accounts.get(address.toLowerCase()),
     broadcast,
     send,
