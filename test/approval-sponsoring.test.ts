@@ -6,6 +6,8 @@
 // more than the bound, or that would not lead to a settlement, are refused before anything is sent.
 import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
+import { writeFile } from "node:fs/promises";
+import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import express from "express";
 import { paymentMiddleware, x402ResourceServer } from "@x402/express";
@@ -19,7 +21,12 @@ import { declareErc20ApprovalGasSponsoringExtension } from "@x402/extensions";
 import { decodePaymentResponseHeader, wrapFetchWithPayment, x402Client } from "@x402/fetch";
 import { createPublicClient, createTestClient, createWalletClient, encodeFunctionData, erc20Abi, http, maxUint256, parseTransaction, type Address, type Hex } from "viem";
 import { generatePrivateKey, privateKeyToAccount, type PrivateKeyAccount } from "viem/accounts";
+import { pino } from "pino";
 import type { RunningDevnet } from "../services/devnet/devnet.ts";
+import { facilitatorConfigFromEnv, resolveFacilitatorConfig } from "../services/facilitator/config.ts";
+import { startFacilitatorService, type RunningFacilitator } from "../services/facilitator/service.ts";
+import type { RoutingTable } from "../services/router/routing-table.ts";
+import { startRouterService, type RunningRouter } from "../services/router/service.ts";
 import { startTestDevnet } from "./helpers/devnet.ts";
 import { postJson } from "./helpers/payments.ts";
 
@@ -36,30 +43,33 @@ const AMOUNT = 10n ** 16n; // 0.01 USDT (18 decimals)
 
 beforeAll(async () => {
   devnet = await startTestDevnet([NETWORK], { hub: false, wallets: false });
-  const resourceServer = new x402ResourceServer(new HTTPFacilitatorClient({ url: devnet.info.routerUrl })).register(NETWORK, new ExactEvmServer()).register(NETWORK, new UptoEvmServer());
-  const price = { asset: usdt(), amount: AMOUNT.toString(), extra: { assetTransferMethod: "permit2" } };
-  const app = express();
-  app.use(
-    paymentMiddleware(
-      {
-        "GET /report": { accepts: { scheme: "exact", network: NETWORK, payTo: payTo(), price }, description: "paid in USDT", extensions: declareErc20ApprovalGasSponsoringExtension() },
-        "GET /metered": { accepts: { scheme: "upto", network: NETWORK, payTo: payTo(), price }, description: "metered in USDT", extensions: declareErc20ApprovalGasSponsoringExtension() },
-      },
-      resourceServer,
-    ),
-  );
-  app.get("/report", (_req, res) => void res.json({ ok: true }));
-  app.get("/metered", (_req, res) => void res.json({ ok: true }));
-  server = await new Promise<Server>((resolve) => {
-    const s = app.listen(0, "127.0.0.1", () => resolve(s));
-  });
-  base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  ({ server, base } = await startResourceServer(devnet.info.routerUrl, ["exact", "upto"]));
 });
 
 afterAll(async () => {
   await new Promise((r) => server?.close(r));
   await devnet?.stop();
 });
+
+/** A reference @x402/express server selling /report (exact) and /metered (upto) in USDT, settled by the facilitator at `url`. */
+async function startResourceServer(url: string, schemes: ("exact" | "upto")[]): Promise<{ server: Server; base: string }> {
+  let resourceServer = new x402ResourceServer(new HTTPFacilitatorClient({ url }));
+  if (schemes.includes("exact")) resourceServer = resourceServer.register(NETWORK, new ExactEvmServer());
+  if (schemes.includes("upto")) resourceServer = resourceServer.register(NETWORK, new UptoEvmServer());
+  const price = { asset: usdt(), amount: AMOUNT.toString(), extra: { assetTransferMethod: "permit2" } };
+  const routes = {
+    "GET /report": { accepts: { scheme: "exact", network: NETWORK, payTo: payTo(), price }, description: "paid in USDT", extensions: declareErc20ApprovalGasSponsoringExtension() },
+    "GET /metered": { accepts: { scheme: "upto", network: NETWORK, payTo: payTo(), price }, description: "metered in USDT", extensions: declareErc20ApprovalGasSponsoringExtension() },
+  };
+  const app = express();
+  app.use(paymentMiddleware(Object.fromEntries(Object.entries(routes).filter(([, r]) => schemes.includes(r.accepts.scheme as "exact" | "upto"))), resourceServer));
+  app.get("/report", (_req, res) => void res.json({ ok: true }));
+  app.get("/metered", (_req, res) => void res.json({ ok: true }));
+  const listening = await new Promise<Server>((resolve) => {
+    const s = app.listen(0, "127.0.0.1", () => resolve(s));
+  });
+  return { server: listening, base: `http://127.0.0.1:${(listening.address() as AddressInfo).port}` };
+}
 
 /** A new payer holding USDT and nothing else: no native coin, no allowance. */
 async function gaslessPayer(): Promise<PrivateKeyAccount> {
@@ -71,9 +81,8 @@ async function gaslessPayer(): Promise<PrivateKeyAccount> {
   return payer;
 }
 
-async function onChain(payer: Address) {
+async function onChain(payer: Address, signer: Address = net().signers[0]!) {
   const c = chain();
-  const signer = net().signers[0]!;
   const [payerUsdt, payToUsdt, payerGas, allowance, signerNonce, signerGas] = await Promise.all([
     c.readContract({ address: usdt(), abi: erc20Abi, functionName: "balanceOf", args: [payer] }),
     c.readContract({ address: usdt(), abi: erc20Abi, functionName: "balanceOf", args: [payTo()] }),
@@ -109,35 +118,6 @@ describe("erc20ApprovalGasSponsoring (USDT on eip155:56)", () => {
   it("is advertised where it is served", async () => {
     const supported = await (await fetch(`${devnet.info.routerUrl}/supported`)).json();
     expect(supported.extensions).toContain("erc20ApprovalGasSponsoring");
-  });
-
-  it("a payer with no gas and no allowance pays through the reference stack; the facilitator spends within the bound", async () => {
-    const payer = await gaslessPayer();
-    const before = await onChain(payer.address);
-    const pay = wrapFetchWithPayment(fetch, x402Client.fromConfig({ schemes: [{ network: "eip155:*", client: new ExactEvmClient(toClientEvmSigner(payer, chain())) }], spendControls: { allowedAssets: [{ network: NETWORK, asset: usdt() }] } }));
-    const res = await pay(`${base}/report`);
-    expect(res.status).toBe(200);
-    const settled = decodePaymentResponseHeader(res.headers.get("payment-response")!);
-    const after = await onChain(payer.address);
-    expect(after.payerUsdt).toBe(before.payerUsdt - AMOUNT);
-    expect(after.payToUsdt).toBe(before.payToUsdt + AMOUNT);
-    expect(after.allowance).toBe(maxUint256); // the payer's own approval, relayed
-    expect(after.signerNonce).toBe(before.signerNonce + 2); // the funding, then the settlement
-    // The answer names the settlement (to the exact Permit2 proxy), not the funding or the approval.
-    const settleTx = await chain().getTransaction({ hash: settled.transaction as Hex });
-    expect(settleTx.from.toLowerCase()).toBe(net().signers[0]!.toLowerCase());
-    expect(settleTx.input.startsWith("0x13cd3b53")).toBe(true); // settle(...) of the exact Permit2 proxy
-    // The funding was what the approval could cost at most (gas limit x max fee), and the payer spent it on the approval.
-    const funding = (await chain().getBlock({ blockNumber: (await chain().getTransactionReceipt({ hash: settleTx.hash })).blockNumber - 2n, includeTransactions: true })).transactions.find((t) => t.to?.toLowerCase() === payer.address.toLowerCase())!;
-    const approval = (await chain().getBlock({ blockNumber: funding.blockNumber! + 1n, includeTransactions: true })).transactions.find((t) => t.from.toLowerCase() === payer.address.toLowerCase())!;
-    expect(funding.value).toBe(approval.gas * approval.maxFeePerGas!);
-    const approvalReceipt = await chain().getTransactionReceipt({ hash: approval.hash });
-    expect(after.payerGas).toBe(funding.value - approvalReceipt.gasUsed * approvalReceipt.effectiveGasPrice);
-    // What the facilitator's key spent: the funding and two transactions' fees, within the bound of one funding + the settlement's worst case.
-    const spent = before.signerGas - after.signerGas;
-    const bound = 100_000n * approval.maxFeePerGas! + 400_000n * settleTx.maxFeePerGas! + 21_000n * funding.maxFeePerGas!;
-    expect(spent).toBeGreaterThan(funding.value);
-    expect(spent).toBeLessThanOrEqual(bound);
   });
 
   it("upto: a gasless payer's approval is sponsored too", async () => {
@@ -220,5 +200,117 @@ describe("erc20ApprovalGasSponsoring (USDT on eip155:56)", () => {
     expect((await postJson(`${devnet.info.routerUrl}/verify`, again)).json).toMatchObject({ isValid: false, invalidReason: "erc20_approval_payer_refused" });
     expect((await postJson(`${devnet.info.routerUrl}/settle`, again)).json).toMatchObject({ success: false, errorReason: "erc20_approval_payer_refused" });
     expect((await onChain(payer.address)).signerNonce).toBe(after.signerNonce);
+  });
+});
+
+// ------------------------------------------------------------------ the bound, configured
+
+describe("erc20ApprovalGasSponsoring within the bound the operator configured", () => {
+  // The reference client signs approve(Permit2) with a gas limit of 70,000 (@x402/evm ERC20_APPROVE_GAS_LIMIT).
+  const CLIENT_APPROVAL_GAS = 70_000n;
+  // Non-default bounds, set through the facilitator's environment: the approval's gas limit (default
+  // 100,000), the funding of one payer (default: that gas x the fee cap), the fee cap and the gas
+  // ceilings of the facilitator's own two transactions (funding, settlement).
+  const MAX_APPROVAL_GAS = 75_000n;
+  const FUNDING_GAS_CEILING = 21_000n;
+  const SETTLE_GAS_CEILING = 200_000n;
+  // The payer's wallet offers 0.5 gwei per gas for its approval (BSC's base fee is 0; its tip floor 0.05 gwei).
+  const APPROVAL_FEE = 500_000_000n;
+  // Room for the client's approval (70,000 gas), not for one of 74,000 gas: below the default (75,000 x the fee cap).
+  const maxFundingWei = 72_000n * APPROVAL_FEE;
+  const maxFeePerGasWei = 3_000_000_000n;
+  let signer: Address;
+  let facilitator: RunningFacilitator;
+  let router: RunningRouter;
+  let shop: { server: Server; base: string };
+
+  beforeAll(async () => {
+    const key = generatePrivateKey();
+    signer = privateKeyToAccount(key).address;
+    await createTestClient({ mode: "anvil", transport: http(net().rpcUrl) }).setBalance({ address: signer, value: 10n ** 19n });
+    const config = resolveFacilitatorConfig(
+      facilitatorConfigFromEnv({
+        X402_ERC20_APPROVAL_SPONSORING: "on",
+        X402_ERC20_APPROVAL_MAX_GAS: MAX_APPROVAL_GAS.toString(),
+        X402_ERC20_APPROVAL_MAX_FUNDING_WEI: maxFundingWei.toString(),
+        X402_MAX_FEE_PER_GAS_WEI: maxFeePerGasWei.toString(),
+        X402_GAS_CEILINGS: `gas_funding=${FUNDING_GAS_CEILING},permit2_settle=${SETTLE_GAS_CEILING}`,
+        X402_SCHEMES: "exact",
+      }),
+      // what the devnet sets for its own facilitators (its tokens, a block per transaction)
+      { network: NETWORK, rpcUrls: [net().facilitatorRpcUrl], signerKeys: [key], assets: net().assets, confirmations: 1, host: "127.0.0.1", port: 0, dataDir: join(devnet.dir, "bounded-facilitator") },
+    );
+    expect(config.approvalSponsoring).toEqual({ maxApprovalGas: MAX_APPROVAL_GAS, maxFundingWei, dailyFundingWei: undefined });
+    expect(config.maxFeePerGasWei).toBe(maxFeePerGasWei);
+    facilitator = await startFacilitatorService(config, pino({ level: "silent" }));
+    // Our router in front of it, as in production.
+    const supported = facilitator.facilitator.supported();
+    const table: RoutingTable = { backends: [{ network: NETWORK, url: facilitator.url, kinds: supported.kinds, signers: facilitator.signers, extensions: supported.extensions }] };
+    const routingTablePath = join(devnet.dir, "bounded-routing.json");
+    await writeFile(routingTablePath, JSON.stringify(table));
+    router = await startRouterService({ routingTablePath, host: "127.0.0.1", port: 0, adminPort: 0 }, pino({ level: "silent" }));
+    shop = await startResourceServer(router.url, ["exact"]);
+  });
+
+  afterAll(async () => {
+    await new Promise((r) => shop?.server.close(r));
+    await router?.close();
+    await facilitator?.close();
+  });
+
+  it("a payer with no gas and no allowance pays through the reference stack; the facilitator's key spends within the configured bound", async () => {
+    const payer = await gaslessPayer();
+    const before = await onChain(payer.address, signer);
+    const wallet = toClientEvmSigner({ ...payer, estimateFeesPerGas: async () => ({ maxFeePerGas: APPROVAL_FEE, maxPriorityFeePerGas: APPROVAL_FEE }) } as never, chain());
+    const pay = wrapFetchWithPayment(fetch, x402Client.fromConfig({ schemes: [{ network: "eip155:*", client: new ExactEvmClient(wallet) }], spendControls: { allowedAssets: [{ network: NETWORK, asset: usdt() }] } }));
+    const res = await pay(`${shop.base}/report`);
+    expect(res.status).toBe(200);
+    const settled = decodePaymentResponseHeader(res.headers.get("payment-response")!);
+    const after = await onChain(payer.address, signer);
+    expect(after.payerUsdt).toBe(before.payerUsdt - AMOUNT);
+    expect(after.payToUsdt).toBe(before.payToUsdt + AMOUNT);
+    expect(after.allowance).toBe(maxUint256); // the payer's own approval, relayed
+    expect(after.signerNonce).toBe(before.signerNonce + 2); // the funding, then the settlement
+    // The answer names the settlement (to the exact Permit2 proxy), not the funding or the approval.
+    const settleTx = await chain().getTransaction({ hash: settled.transaction as Hex });
+    expect(settleTx.from.toLowerCase()).toBe(signer.toLowerCase());
+    expect(settleTx.input.startsWith("0x13cd3b53")).toBe(true); // settle(...) of the exact Permit2 proxy
+    // The funding was what the approval could cost at most (gas limit x max fee), and the payer spent it on the approval.
+    const funding = (await chain().getBlock({ blockNumber: (await chain().getTransactionReceipt({ hash: settleTx.hash })).blockNumber - 2n, includeTransactions: true })).transactions.find((t) => t.to?.toLowerCase() === payer.address.toLowerCase())!;
+    expect(funding.from.toLowerCase()).toBe(signer.toLowerCase());
+    const approval = (await chain().getBlock({ blockNumber: funding.blockNumber! + 1n, includeTransactions: true })).transactions.find((t) => t.from.toLowerCase() === payer.address.toLowerCase())!;
+    expect([approval.gas, approval.maxFeePerGas]).toEqual([CLIENT_APPROVAL_GAS, APPROVAL_FEE]); // the premise of the bounds above
+    expect(funding.value).toBe(approval.gas * approval.maxFeePerGas!);
+    expect(funding.value).toBeLessThanOrEqual(maxFundingWei);
+    const approvalReceipt = await chain().getTransactionReceipt({ hash: approval.hash });
+    expect(after.payerGas).toBe(funding.value - approvalReceipt.gasUsed * approvalReceipt.effectiveGasPrice);
+    // What the facilitator's key spent (its balance, and the same from the receipts): the funding and
+    // its two transactions' fees, within the configured bound: one funding at most maxFundingWei, and
+    // two transactions of at most their configured gas ceilings at the configured fee cap.
+    const receipts = await Promise.all([funding.hash, settleTx.hash].map((hash) => chain().getTransactionReceipt({ hash })));
+    const fees = receipts.reduce((sum, r) => sum + r.gasUsed * r.effectiveGasPrice, 0n);
+    const spent = before.signerGas - after.signerGas;
+    expect(spent).toBe(funding.value + fees);
+    for (const r of receipts) expect(r.effectiveGasPrice).toBeLessThanOrEqual(maxFeePerGasWei);
+    expect(spent).toBeLessThanOrEqual(maxFundingWei + (FUNDING_GAS_CEILING + SETTLE_GAS_CEILING) * maxFeePerGasWei);
+  });
+
+  it("an approval that would need more than the configured funding, or more gas than the configured limit, is refused before anything is sent", async () => {
+    const payer = await gaslessPayer();
+    const before = await onChain(payer.address, signer);
+    const cases: [string, bigint][] = [
+      // 74,000 gas at the client's fee costs more than maxFundingWei (72,000 x that fee), though under the default bound
+      ["erc20_approval_funding_above_bound", 74_000n],
+      // 76,000 gas: above the configured 75,000, under the default 100,000
+      ["erc20_approval_tx_gas_too_high", MAX_APPROVAL_GAS + 1_000n],
+    ];
+    for (const [reason, gas] of cases) {
+      const b = await sponsoredBody(payer, (info) => resigned(payer, info, { gas, maxFeePerGas: APPROVAL_FEE, maxPriorityFeePerGas: APPROVAL_FEE }));
+      const verified = await postJson(`${router.url}/verify`, b);
+      expect([reason, verified.json]).toEqual([reason, expect.objectContaining({ isValid: false, invalidReason: reason })]);
+      const settled = await postJson(`${router.url}/settle`, b);
+      expect([reason, settled.json]).toEqual([reason, expect.objectContaining({ success: false, errorReason: reason, transaction: "" })]);
+    }
+    expect(await onChain(payer.address, signer)).toEqual(before); // no funding, no approval, no settlement
   });
 });
