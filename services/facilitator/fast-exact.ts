@@ -6,9 +6,9 @@
 // reference mechanism decides. Where a block is provably still the head (settlement/head.ts), the
 // simulation is pinned to it and its gas kept, so a settlement within that block sends at once
 // (outbox-signer.ts takeSimulation).
-import { startAssetContractCheck, authorizationTypes, eip3009ABI } from "@x402/evm";
+import { startAssetContractCheck, eip3009ABI } from "@x402/evm";
 import type { PaymentPayload, PaymentRequirements, VerifyResponse } from "@x402/core/types";
-import { concat, encodeFunctionData, getAddress, getTypesForEIP712Domain, hashDomain, hashStruct, isAddressEqual, keccak256, parseSignature, type Address, type Hex } from "viem";
+import { getAddress, getTypesForEIP712Domain, hashDomain, keccak256, parseSignature, toFunctionSelector, toHex, type Address, type Hex } from "viem";
 import { MULTICALL3_ADDRESS, chainIdOf } from "../x402/networks.ts";
 import type { ChainClient } from "./chain.ts";
 import { recoverSigner } from "./crypto/ecrecover.ts";
@@ -34,6 +34,15 @@ const R = {
 
 /** The simulation's sender: transferWithAuthorization does not depend on it (the zero address holds no state we need). */
 const ZERO: Address = "0x0000000000000000000000000000000000000000";
+
+// The payload's fields were checked at the edge (services/x402/payloads.ts: 20-byte addresses,
+// uint256 decimals, a 32-byte nonce), so the EIP-712 struct and the calldata are plain words put
+// side by side: one keccak for the struct instead of viem's generic encoder and its type hashing.
+const TRANSFER_TYPEHASH = keccak256(toHex("TransferWithAuthorization(address from,address to,uint256 value,uint256 validAfter,uint256 validBefore,bytes32 nonce)")).slice(2);
+const TRANSFER_SELECTOR = toFunctionSelector("transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,uint8,bytes32,bytes32)");
+const addressWord = (a: string) => `000000000000000000000000${a.slice(2).toLowerCase()}`;
+const uintWord = (v: string | bigint) => BigInt(v).toString(16).padStart(64, "0");
+const sameAddress = (a: string, b: string) => a.toLowerCase() === b.toLowerCase();
 
 interface Eip3009Authorization {
   from: Address;
@@ -104,16 +113,17 @@ export function createFastExactVerifier(opts: { chain: ChainClient; signer: Outb
     const code = await signer.getCode({ address: payer });
     if (code && code !== "0x") return undefined; // a contract account: ERC-1271 through the reference
     let digest: Hex;
+    let fields: string;
     try {
-      const message = { from: auth.from, to: auth.to, value: BigInt(auth.value), validAfter: BigInt(auth.validAfter), validBefore: BigInt(auth.validBefore), nonce: auth.nonce };
-      const struct = hashStruct({ data: message, primaryType: "TransferWithAuthorization", types: authorizationTypes });
-      digest = keccak256(concat(["0x1901", domainSeparator({ name, version, chainId: chainIdOf(requirements.network), verifyingContract: asset }), struct]));
+      fields = `${addressWord(auth.from)}${addressWord(auth.to)}${uintWord(auth.value)}${uintWord(auth.validAfter)}${uintWord(auth.validBefore)}${auth.nonce.slice(2).toLowerCase()}`;
+      const struct = keccak256(`0x${TRANSFER_TYPEHASH}${fields}`);
+      digest = keccak256(`0x1901${domainSeparator({ name, version, chainId: chainIdOf(requirements.network), verifyingContract: asset }).slice(2)}${struct.slice(2)}`);
     } catch {
       return { isValid: false, invalidReason: R.signature, payer };
     }
     const recovered = await recoverSigner(digest, signature).catch(() => undefined);
-    if (!recovered || !isAddressEqual(recovered, getAddress(payer))) return { isValid: false, invalidReason: R.signature, payer };
-    if (!isAddressEqual(getAddress(auth.to), getAddress(requirements.payTo))) return { isValid: false, invalidReason: R.recipient, payer };
+    if (!recovered || !sameAddress(recovered, payer)) return { isValid: false, invalidReason: R.signature, payer };
+    if (!sameAddress(auth.to, requirements.payTo)) return { isValid: false, invalidReason: R.recipient, payer };
     const now = BigInt(Math.floor(Date.now() / 1000));
     if (BigInt(auth.validBefore) < now + 6n) return { isValid: false, invalidReason: R.validBefore, payer };
     if (BigInt(auth.validAfter) > now) return { isValid: false, invalidReason: R.validAfter, payer };
@@ -122,16 +132,15 @@ export function createFastExactVerifier(opts: { chain: ChainClient; signer: Outb
     if (assetReason) return { isValid: false, invalidReason: assetReason, payer };
     try {
       const sig = parseSignature(signature);
-      const data = encodeFunctionData({
-        abi: eip3009ABI,
-        functionName: "transferWithAuthorization",
-        args: [getAddress(auth.from), getAddress(auth.to), BigInt(auth.value), BigInt(auth.validAfter), BigInt(auth.validBefore), auth.nonce, Number(sig.v ?? BigInt(sig.yParity)), sig.r, sig.s],
-      });
+      // transferWithAuthorization(from, to, value, validAfter, validBefore, nonce, v, r, s): the calldata
+      // the reference settlement sends, byte for byte (the key under which its simulation is kept).
+      const data: Hex = `${TRANSFER_SELECTOR}${fields}${uintWord(sig.v || BigInt(sig.yParity))}${sig.r.slice(2)}${sig.s.slice(2)}`;
       // Simulated at the block that is provably still the head, with the gas it needs: a settlement
       // of this very call while that block is still the head reuses it instead of simulating again.
+      // Plain JSON-RPC requests: viem's call/estimateGas actions add formatting this call does not need.
       const head = signer.head();
-      if (head === undefined) await chain.client.call({ to: asset, data });
-      else signer.noteSimulated(asset, data, head, await chain.client.estimateGas({ account: ZERO, to: asset, data, blockNumber: head }));
+      if (head === undefined) await chain.client.request({ method: "eth_call", params: [{ to: asset, data }, "latest"] });
+      else signer.noteSimulated(asset, data, head, BigInt(await chain.client.request({ method: "eth_estimateGas", params: [{ from: ZERO, to: asset, data }, toHex(head)] } as never)));
     } catch (e) {
       const diagnosis = await diagnose(asset, auth, requirements, payer);
       return { ...diagnosis, invalidMessage: (e as Error).message };

@@ -98,6 +98,15 @@ const RESPONSE_SCHEMAS = {
   },
 } as const;
 
+// The text each parsed body came from: a proxy forwards it as received instead of serialising the
+// object again (entries go with their request's body object).
+const rawBodies = new WeakMap<object, string>();
+
+/** The JSON text a request body was parsed from, when it came through acceptJsonBodies. */
+export function rawBodyOf(body: unknown): string | undefined {
+  return typeof body === "object" && body !== null ? rawBodies.get(body) : undefined;
+}
+
 /**
  * One JSON parser for any content type: callers differ in what they send, the body is JSON either
  * way. An empty body parses as undefined; anything else that is not JSON fails with `invalid`.
@@ -108,7 +117,9 @@ export function acceptJsonBodies(app: FastifyInstance, bodyLimit: number, invali
     const text = typeof body === "string" ? body : body.toString("utf8");
     if (text.trim() === "") return done(null, undefined);
     try {
-      done(null, JSON.parse(text));
+      const parsed: unknown = JSON.parse(text);
+      if (typeof parsed === "object" && parsed !== null) rawBodies.set(parsed, text);
+      done(null, parsed);
     } catch (e) {
       done(invalid(`the body is not valid JSON (${(e as Error).message})`), undefined);
     }

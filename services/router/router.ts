@@ -4,7 +4,7 @@ import { Pool } from "undici";
 import type { SupportedResponse } from "@x402/core/types";
 import { RequestError } from "../x402/errors.ts";
 import { pairKey, routeOf } from "../x402/wire.ts";
-import { FLEET_HEADERS, type CallerHeaders, type ContractHandlers, type HandlerResult } from "../platform/http.ts";
+import { FLEET_HEADERS, rawBodyOf, type CallerHeaders, type ContractHandlers, type HandlerResult } from "../platform/http.ts";
 import type { Logger } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
 import { traceHeaders } from "../platform/tracing.ts";
@@ -104,7 +104,8 @@ export function createRouter(opts: RouterOptions): Router {
             ...(forwardedAuthorization ? { authorization: forwardedAuthorization } : {}),
             ...(gas ? { [FLEET_HEADERS.gasAllowance]: gas.day ? gas.wei.toString() : "unlimited" } : {}),
           },
-          body: JSON.stringify(body),
+          // As received (the facilitator validates it all): no second serialisation on the hot path.
+          body: rawBodyOf(body) ?? JSON.stringify(body),
           headersTimeout: timeout,
           bodyTimeout: timeout,
         });

@@ -219,10 +219,11 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     );
     return value;
   }
-  // Only while payments come in (and a minute after the last): an idle facilitator does not poll its provider.
+  // Only while payments come in (and a few seconds after the last): a facilitator with sparse
+  // traffic reads fees when it needs them, rather than polling its provider (calls cost money).
   let lastUse = 0;
   const background = setInterval(() => {
-    if (Date.now() - lastUse < 60_000) void refreshFees().catch(() => undefined);
+    if (Date.now() - lastUse < 5000) void refreshFees().catch(() => undefined);
   }, refreshMs);
   background.unref();
   async function marketFees(): Promise<MarketFees> {
@@ -480,7 +481,8 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     inFlight: () => Object.fromEntries(busy),
     forgetCode: (address) => void codeCache.delete(address.toLowerCase()),
     head: () => {
-      lastUse = Date.now();
+      // Verifications keep the head read in the background only where a head can be proven.
+      if (minBlockIntervalMs > 0) lastUse = Date.now();
       return head.current();
     },
     noteSimulated(to, data, block, gas) {
