@@ -64,3 +64,21 @@ describe("describeDatabase", () => {
     expect(describeDatabase(undefined)).toBe("embedded");
   });
 });
+
+describe("the embedded engine's memory", () => {
+  it("a new data directory is initialised, then opened again, with 16 MB of shared buffers; its data survive", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "x402-embedded-"));
+    try {
+      const db = await openDatabase({ dataDir: join(dir, "db") });
+      expect(await db.query("SHOW shared_buffers")).toEqual([{ shared_buffers: "16MB" }]);
+      await db.query("CREATE TABLE t (v text)");
+      await db.query("INSERT INTO t VALUES ('kept')");
+      await db.close();
+      const again = await openDatabase({ dataDir: join(dir, "db") });
+      expect(await again.query("SELECT v FROM t")).toEqual([{ v: "kept" }]);
+      await again.close();
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});

@@ -1,7 +1,9 @@
 // The one SQL layer of the project: an embedded PostgreSQL (PGlite, persisted under a data
 // directory) by default, a real PostgreSQL server when DATABASE_URL is set. Same SQL, same
 // versioned migrations, either way.
-import { mkdirSync } from "node:fs";
+import { execFile } from "node:child_process";
+import { existsSync, mkdirSync } from "node:fs";
+import { join } from "node:path";
 
 export interface Queryable {
   query<T = Record<string, unknown>>(sql: string, params?: unknown[]): Promise<T[]>;
@@ -28,10 +30,31 @@ export interface OpenDatabaseOptions {
   migrations?: Migration[];
 }
 
+// A settlement store's working set is small: 16 MB of buffers instead of PostgreSQL's 128 MB (the
+// files stay in the OS page cache either way), about 140 MB less resident memory per process.
+const EMBEDDED_SETTINGS = ["-c", "shared_buffers=16MB"];
+
+async function initialiseInChild(dataDir: string, startParams: string[]): Promise<void> {
+  const script = `import { PGlite } from ${JSON.stringify(import.meta.resolve("@electric-sql/pglite"))};
+const db = await PGlite.create({ dataDir: process.env.X402_INIT_DIR, startParams: JSON.parse(process.env.X402_INIT_PARAMS) });
+await db.close();`;
+  await new Promise<void>((resolve, reject) =>
+    execFile(process.execPath, ["--input-type=module", "-e", script], { env: { ...process.env, X402_INIT_DIR: dataDir, X402_INIT_PARAMS: JSON.stringify(startParams) } }, (e, _out, stderr) =>
+      e ? reject(new Error(`the embedded database in ${dataDir} could not be initialised: ${String(stderr).trim().split("\n").pop() ?? e.message}`)) : resolve(),
+    ),
+  );
+}
+
 async function openEmbedded(dataDir?: string): Promise<Database> {
   const { PGlite } = await import("@electric-sql/pglite");
-  if (dataDir) mkdirSync(dataDir, { recursive: true });
-  const db = await PGlite.create(dataDir ? { dataDir } : {});
+  const startParams = [...(PGlite as unknown as { defaultStartParams: string[] }).defaultStartParams, ...EMBEDDED_SETTINGS];
+  if (dataDir) {
+    mkdirSync(dataDir, { recursive: true });
+    // A new data directory is initialised by initdb, whose memory stays with the process that ran
+    // it (~500 MB resident, ~100 MB even after closing): a short-lived child process does it.
+    if (!existsSync(join(dataDir, "PG_VERSION"))) await initialiseInChild(dataDir, startParams);
+  }
+  const db = await PGlite.create(dataDir ? { dataDir, startParams } : { startParams });
   return {
     kind: "embedded",
     query: async (sql, params) => (await db.query(sql, params)).rows as never[],
