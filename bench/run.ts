@@ -5,13 +5,14 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtemp, readFile, rm, writeFile, mkdir } from "node:fs/promises";
 import { cpus, tmpdir } from "node:os";
 import { join } from "node:path";
+import { createPublicClient, http, type Hex } from "viem";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { startAnvil, freePort } from "../services/devnet/anvil.ts";
 import { setupDevnetChain } from "../services/devnet/chain-setup.ts";
 import { networkInfo } from "../services/x402/networks.ts";
 import { signEip3009, standardShape, type PaymentSpec } from "../test/helpers/payments.ts";
 import { startCountingProxy } from "./counting-proxy.ts";
-import { runLoad, type LoadResult } from "./load.ts";
+import { percentile, runLoad, type LoadResult } from "./load.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname;
 const net = networkInfo("eip155:8453")!;
@@ -46,20 +47,25 @@ async function procStats(pid: number): Promise<{ cpu: number; rssMb: number }> {
   return { cpu: (Number(stat[11]) + Number(stat[12])) / 100, rssMb: Math.round(rssKb / 1024) };
 }
 
-/** `--rpc-rtt-ms N`: every JSON-RPC round trip of both facilitators costs N ms more (a provider that far away). */
-function flag(name: string): number {
+/** A non-negative number after `name` on the command line, or 0. */
+function flag(name: string, unit: string): number {
   const i = process.argv.indexOf(name);
   const v = i >= 0 ? Number(process.argv[i + 1]) : 0;
-  if (!Number.isFinite(v) || v < 0) throw new Error(`${name} takes a number of milliseconds`);
+  if (!Number.isFinite(v) || v < 0) throw new Error(`${name} takes a number of ${unit}`);
   return v;
 }
-const RPC_RTT_MS = flag("--rpc-rtt-ms");
+/** `--rpc-rtt-ms N`: every JSON-RPC round trip of both facilitators costs N ms more (a provider that far away). */
+const RPC_RTT_MS = flag("--rpc-rtt-ms", "milliseconds");
+/** `--block-time S`: anvil mines a block every S seconds instead of one per transaction. */
+const BLOCK_TIME_S = flag("--block-time", "seconds");
+/** Concurrent distinct settlements of the throughput run: 1,000 under block times, 200 on an automine chain. */
+const BURST = BLOCK_TIME_S > 0 ? 1000 : 200;
 
 const round = (n: number, d = 2) => Math.round(n * 10 ** d) / 10 ** d;
 
 async function main() {
   const dir = await mkdtemp(join(tmpdir(), "x402-bench-"));
-  const anvil = await startAnvil({ chainId: net.chainId });
+  const anvil = await startAnvil({ chainId: net.chainId, blockTime: BLOCK_TIME_S || undefined });
   const pg = process.env.DATABASE_URL;
   const keys = { ours1: [generatePrivateKey()], ours4: Array.from({ length: 4 }, () => generatePrivateKey()), ours4pg: Array.from({ length: 4 }, () => generatePrivateKey()), ref: [generatePrivateKey()] };
   const payerKey = generatePrivateKey();
@@ -81,8 +87,11 @@ async function main() {
     const child = start(["bin/x402-fleet.js", "facilitator", "--network", net.network, "--rpc-url", proxyOurs.url, "--signer-key-file", keyFile, "--schemes", "exact", "--port", String(port), "--admin-port", String(await freePort())], {
       X402_DATA_DIR: join(dir, `${name}-db`),
       DATABASE_URL: databaseUrl,
-      // anvil serves eth_sendRawTransactionSync (EIP-7966): the receipt comes with the send.
-      X402_POLICY: JSON.stringify({ sendRawTransactionSync: true }),
+      // anvil serves eth_sendRawTransactionSync (EIP-7966): the receipt comes with the send. Its
+      // blocks keep the --block-time schedule; without one it mines on demand (no guarantee).
+      X402_POLICY: JSON.stringify({ sendRawTransactionSync: true, minBlockIntervalMs: BLOCK_TIME_S * 1000 }),
+      // A burst of 1,000 settlements spans several blocks: answers wait for their receipts.
+      ...(BLOCK_TIME_S > 0 ? { X402_RECEIPT_TIMEOUT_MS: "180000" } : {}),
     });
     const url = `http://127.0.0.1:${port}/v2`;
     await waitUp(`${url}/supported`);
@@ -137,6 +146,22 @@ async function main() {
     }
   }
 
+  // Router overhead at concurrency 1: each request's time through the router minus the time the
+  // router waited for the facilitator (its Server-Timing "upstream"): what the router itself adds,
+  // without the facilitator's and the node's own variance.
+  console.error("router overhead...");
+  const overheads: number[] = [];
+  for (let i = 0; i < 500; i++) {
+    const t0 = performance.now();
+    const res = await fetch(`${routerUrl}/verify`, { method: "POST", headers: { "content-type": "application/json" }, body: verifyBodies[i % verifyBodies.length]! });
+    await res.arrayBuffer();
+    const total = performance.now() - t0;
+    const upstream = Number(/upstream;dur=([0-9.]+)/.exec(res.headers.get("server-timing") ?? "")?.[1]);
+    if (Number.isFinite(upstream)) overheads.push(total - upstream);
+  }
+  overheads.sort((a, b) => a - b);
+  const pairedOverhead = { p50ms: round(percentile(overheads, 50), 3), p99ms: round(percentile(overheads, 99), 3) };
+
   console.error("RPC calls per verify...");
   proxyOurs.reset();
   proxyRef.reset();
@@ -144,41 +169,98 @@ async function main() {
   await runLoad(`${refUrl}/verify`, verifyBodies, { requests: 200, concurrency: 1 });
   const rpc = { ours: proxyOurs.counts(), reference: proxyRef.counts() };
 
-  // One settlement at a time: latency and RPC calls on the critical path, against the physical
-  // limit (round trips x RTT; anvil mines on receipt, so inclusion adds nothing here).
-  const sequential: Record<string, { p50ms: number; p99ms: number; callsPerSettle: number; roundTripsPerSettle: number; methods: Record<string, number> }> = {};
-  for (const [name, url, proxy] of [["ours", ours1.url, proxyOurs], ["reference", refUrl, proxyRef]] as const) {
+  // One settlement at a time, each verified first (as a resource server does): the settlement's
+  // latency and its RPC calls on the critical path, against the physical limit (round trips x RTT;
+  // anvil mines on receipt, so inclusion adds nothing here). Reads our facilitator makes in the
+  // background (fees and the head block, once a second) are measured while idle and subtracted.
+  const sequential: Record<string, { p50ms: number; p99ms: number; callsPerSettle: number; roundTripsPerSettle: number; backgroundCallsPerSecond: number; cpuPerVerifyAndSettleMs: number; methods: Record<string, number> }> = {};
+  for (const [name, url, proxy, pid] of [["ours", ours1.url, proxyOurs, ours1.child.pid!], ["reference", refUrl, proxyRef, ref.pid!]] as const) {
     console.error(`settle one at a time: ${name}...`);
     const bodies = await sign(40);
     await runLoad(`${url}/settle`, bodies.slice(0, 5), { requests: 5, concurrency: 1 }); // warm fee caches and connections
     await new Promise((r) => setTimeout(r, 1500)); // let background receipt/fee work of the warm-up end
     proxy.reset();
-    const r = await runLoad(`${url}/settle`, bodies.slice(5), { requests: 35, concurrency: 1 });
-    const c = proxy.counts();
-    sequential[name] = { p50ms: round(r.p50ms), p99ms: round(r.p99ms), callsPerSettle: round(c.calls / 35), roundTripsPerSettle: round(c.roundTrips / 35), methods: Object.fromEntries(Object.entries(c.methods).map(([m, n]) => [m, round(n / 35)])) };
+    await new Promise((r) => setTimeout(r, 3000));
+    const background = proxy.counts();
+    const perMs = { calls: background.calls / 3000, roundTrips: background.roundTrips / 3000 };
+    const latencies: number[] = [];
+    let calls = 0;
+    let roundTrips = 0;
+    const methods: Record<string, number> = {};
+    const cpu0 = await procStats(pid);
+    for (const body of bodies.slice(5)) {
+      await fetch(`${url}/verify`, { method: "POST", headers: { "content-type": "application/json" }, body });
+      proxy.reset();
+      const t0 = performance.now();
+      const answer = (await (await fetch(`${url}/settle`, { method: "POST", headers: { "content-type": "application/json" }, body })).json()) as { success?: boolean };
+      const ms = performance.now() - t0;
+      if (!answer.success) throw new Error(`${name}: a sequential settlement failed: ${JSON.stringify(answer)}`);
+      const c = proxy.counts();
+      latencies.push(ms);
+      calls += Math.max(0, c.calls - perMs.calls * ms);
+      roundTrips += Math.max(0, c.roundTrips - perMs.roundTrips * ms);
+      for (const [m, n] of Object.entries(c.methods)) methods[m] = (methods[m] ?? 0) + n;
+    }
+    const cpuUsed = (await procStats(pid)).cpu - cpu0.cpu;
+    latencies.sort((a, b) => a - b);
+    const n = latencies.length;
+    sequential[name] = {
+      cpuPerVerifyAndSettleMs: round((cpuUsed / n) * 1000, 3),
+      p50ms: round(latencies[Math.floor(n * 0.5)]!),
+      p99ms: round(latencies[Math.min(n - 1, Math.floor(n * 0.99))]!),
+      callsPerSettle: round(calls / n),
+      roundTripsPerSettle: round(roundTrips / n),
+      backgroundCallsPerSecond: round(perMs.calls * 1000),
+      methods: Object.fromEntries(Object.entries(methods).map(([m, k]) => [m, round(k / n)])),
+    };
   }
 
-  const settle: Record<string, { successes: number; failures: number; reasons: Record<string, number>; seconds: number; throughput: number }> = {};
+  // How full the blocks that carried a burst's settlements were, against what the block gas limit allows.
+  const chainClient = createPublicClient({ transport: http(anvil.rpcUrl) });
+  async function packing(hashes: Hex[]): Promise<{ blocks: number; perBlockMean: number; perBlockMax: number; blockCapacity: number; ratioToLimit: number } | Record<string, never>> {
+    if (hashes.length === 0) return {};
+    const receipts = await Promise.all(hashes.map((hash) => chainClient.getTransactionReceipt({ hash })));
+    const perBlock = new Map<bigint, number>();
+    for (const r of receipts) perBlock.set(r.blockNumber, (perBlock.get(r.blockNumber) ?? 0) + 1);
+    const gasLimit = (await chainClient.getBlock({ blockNumber: receipts[0]!.blockNumber })).gasLimit;
+    const gasEach = receipts.reduce((sum, r) => sum + r.gasUsed, 0n) / BigInt(receipts.length);
+    const capacity = Number(gasLimit / gasEach);
+    const counts = [...perBlock.values()];
+    const mean = counts.reduce((a, b) => a + b, 0) / counts.length;
+    return { blocks: counts.length, perBlockMean: round(mean, 1), perBlockMax: Math.max(...counts), blockCapacity: capacity, ratioToLimit: round(mean / capacity, 3) };
+  }
+  const settle: Record<string, { successes: number; failures: number; reasons: Record<string, number>; seconds: number; throughput: number; blocks?: number; perBlockMean?: number; perBlockMax?: number; blockCapacity?: number; ratioToLimit?: number }> = {};
   const settleTargets: [string, string][] = [["ours1Key", ours1.url], ["ours4Keys", ours4.url], ...(ours4pg ? [["ours4KeysPostgres", ours4pg.url] as [string, string]] : []), ["reference", refUrl]];
   for (const [name, url] of settleTargets) {
-    console.error(`settle 200 at once: ${name}...`);
-    const bodies = await sign(200);
-    const r = await runLoad(`${url}/settle`, bodies, { requests: 200, concurrency: 200, keepBodies: true });
+    console.error(`settle ${BURST} at once: ${name}...`);
+    const bodies = await sign(BURST);
+    const r = await runLoad(`${url}/settle`, bodies, { requests: BURST, concurrency: BURST, keepBodies: true });
     const reasons: Record<string, number> = {};
     let successes = 0;
-    for (const b of r.bodies as { success?: boolean; errorReason?: string; error?: string }[]) {
-      if (b.success) successes++;
-      else {
+    const hashes: Hex[] = [];
+    for (const b of r.bodies as { success?: boolean; errorReason?: string; error?: string; transaction?: string }[]) {
+      if (b.success) {
+        successes++;
+        hashes.push(b.transaction as Hex);
+      } else {
         const reason = (b.errorReason ?? b.error ?? "unknown").split(":")[0]!.slice(0, 80);
         reasons[reason] = (reasons[reason] ?? 0) + 1;
       }
     }
-    settle[name] = { successes, failures: 200 - successes, reasons, seconds: round(r.seconds), throughput: round(successes / r.seconds, 1) };
+    settle[name] = { successes, failures: BURST - successes, reasons, seconds: round(r.seconds), throughput: round(successes / r.seconds, 1), ...(await packing(hashes)) };
   }
 
-  const memory = { facilitatorRssMb: (await procStats(ours1.child.pid!)).rssMb, routerRssMb: (await procStats(router.pid!)).rssMb, referenceRssMb: (await procStats(ref.pid!)).rssMb };
+  const memory = {
+    facilitatorEmbeddedRssMb: (await procStats(ours1.child.pid!)).rssMb,
+    facilitatorPostgresRssMb: ours4pg ? (await procStats(ours4pg.child.pid!)).rssMb : undefined,
+    routerRssMb: (await procStats(router.pid!)).rssMb,
+    referenceRssMb: (await procStats(ref.pid!)).rssMb,
+  };
 
   const v = (k: string, c: number) => verify[k]![`c${c}`]!;
+  // The physical limit of one settlement: its round trips x RTT, plus the wait for the next block
+  // (half a block on average; anvil's automine includes at once).
+  const limitMs = (roundTrips: number) => round(roundTrips * RPC_RTT_MS + (BLOCK_TIME_S * 1000) / 2);
   const ratio = (a: number, b: number) => (b === 0 ? null : round(a / b));
   const results = {
     when: new Date().toISOString(),
@@ -196,10 +278,11 @@ async function main() {
         ]),
       ),
       rpcPerVerify: { ours: round(rpc.ours.calls / 200), oursRoundTrips: round(rpc.ours.roundTrips / 200), reference: round(rpc.reference.calls / 200), referenceRoundTrips: round(rpc.reference.roundTrips / 200), ratio: ratio(rpc.reference.calls, rpc.ours.calls), oursMethods: rpc.ours.methods, referenceMethods: rpc.reference.methods },
-      routerOverhead: Object.fromEntries([1, 16].map((c) => [`concurrency${c}`, { p50ms: round(v("oursViaRouter", c).p50ms - v("ours", c).p50ms), p99ms: round(v("oursViaRouter", c).p99ms - v("ours", c).p99ms) }])),
+      // c=1: the router's own share of each request (Server-Timing); c=16: the difference of the two p50s only (p99s of two runs do not subtract).
+      routerOverhead: { concurrency1: pairedOverhead, concurrency16: { p50ms: round(v("oursViaRouter", 16).p50ms - v("ours", 16).p50ms) } },
       cpuPerVerifyMs: { ours: round(cpu.oursFacilitatorMs!, 3), router: round(cpu.routerMs!, 3), reference: round(cpu.referenceMs!, 3), ratio: ratio(cpu.referenceMs!, cpu.oursFacilitatorMs!) },
-      settleSequential: { rpcRttMs: RPC_RTT_MS, ...sequential, limitMs: { withSync: RPC_RTT_MS, withoutSync: 2 * RPC_RTT_MS } },
-      settle200: { ...settle, throughputRatio4KeysVsReference: ratio(settle.ours4Keys!.throughput, settle.reference!.throughput), throughputRatio4KeysVs1Key: ratio(settle.ours4Keys!.throughput, settle.ours1Key!.throughput) },
+      settleSequential: { rpcRttMs: RPC_RTT_MS, blockTimeS: BLOCK_TIME_S, ...sequential, limitMs: { withSync: limitMs(1), withoutSync: limitMs(2) } },
+      settleBurst: { concurrent: BURST, ...settle, throughputRatio4KeysVsReference: ratio(settle.ours4Keys!.throughput, settle.reference!.throughput), throughputRatio4KeysVs1Key: ratio(settle.ours4Keys!.throughput, settle.ours1Key!.throughput) },
       memory,
     },
   };
@@ -213,23 +296,28 @@ async function main() {
       return `| verify c=${c}: req/s, p50 / p99 ms | ${r.ours.throughput}, ${r.ours.p50ms} / ${r.ours.p99ms} | ${r.reference.throughput}, ${r.reference.p50ms} / ${r.reference.p99ms} | ${r.throughputRatio}× |`;
     }),
     `| RPC calls per verify (round trips) | ${w.rpcPerVerify.ours} (${w.rpcPerVerify.oursRoundTrips}) | ${w.rpcPerVerify.reference} (${w.rpcPerVerify.referenceRoundTrips}) | ${w.rpcPerVerify.ratio}× fewer |`,
-    `| router overhead p50 / p99 ms (c=1) | ${w.routerOverhead.concurrency1!.p50ms} / ${w.routerOverhead.concurrency1!.p99ms} | n/a | |`,
-    `| router overhead p50 / p99 ms (c=16) | ${w.routerOverhead.concurrency16!.p50ms} / ${w.routerOverhead.concurrency16!.p99ms} | n/a | |`,
+    `| router overhead p50 / p99 ms (c=1: client time minus Server-Timing upstream) | ${w.routerOverhead.concurrency1.p50ms} / ${w.routerOverhead.concurrency1.p99ms} | n/a | |`,
+    `| router overhead p50 ms (c=16, difference of p50s) | ${w.routerOverhead.concurrency16.p50ms} | n/a | |`,
     `| CPU per verify, ms (facilitator; router) | ${w.cpuPerVerifyMs.ours}; ${w.cpuPerVerifyMs.router} | ${w.cpuPerVerifyMs.reference} | ${w.cpuPerVerifyMs.ratio}× less |`,
-    `| settle one at a time (RPC RTT ${RPC_RTT_MS} ms): p50 / p99 ms | ${sequential.ours!.p50ms} / ${sequential.ours!.p99ms} | ${sequential.reference!.p50ms} / ${sequential.reference!.p99ms} | ${ratio(sequential.reference!.p50ms, sequential.ours!.p50ms)}× faster (limit: ${RPC_RTT_MS} ms with sync, ${2 * RPC_RTT_MS} without) |`,
-    `| RPC calls per settle (round trips) | ${sequential.ours!.callsPerSettle} (${sequential.ours!.roundTripsPerSettle}) ${JSON.stringify(sequential.ours!.methods)} | ${sequential.reference!.callsPerSettle} (${sequential.reference!.roundTripsPerSettle}) ${JSON.stringify(sequential.reference!.methods)} | |`,
-    `| settle 200 at once, 1 key: ok / failed, s, ok/s | ${settle.ours1Key!.successes} / ${settle.ours1Key!.failures}, ${settle.ours1Key!.seconds}, ${settle.ours1Key!.throughput} | ${settle.reference!.successes} / ${settle.reference!.failures}, ${settle.reference!.seconds}, ${settle.reference!.throughput} | |`,
-    `| settle 200 at once, 4 keys: ok / failed, s, ok/s | ${settle.ours4Keys!.successes} / ${settle.ours4Keys!.failures}, ${settle.ours4Keys!.seconds}, ${settle.ours4Keys!.throughput} | (1 key) | ${w.settle200.throughputRatio4KeysVsReference}× |`,
-    ...(settle.ours4KeysPostgres
-      ? [`| settle 200 at once, 4 keys on PostgreSQL: ok / failed, s, ok/s | ${settle.ours4KeysPostgres.successes} / ${settle.ours4KeysPostgres.failures}, ${settle.ours4KeysPostgres.seconds}, ${settle.ours4KeysPostgres.throughput} | (1 key) | ${ratio(settle.ours4KeysPostgres.throughput, settle.reference!.throughput)}× |`]
-      : []),
+    `| settle one at a time (RPC RTT ${RPC_RTT_MS} ms${BLOCK_TIME_S ? `, ${BLOCK_TIME_S} s blocks` : ", automine"}): p50 / p99 ms | ${sequential.ours!.p50ms} / ${sequential.ours!.p99ms} | ${sequential.reference!.p50ms} / ${sequential.reference!.p99ms} | ${ratio(sequential.reference!.p50ms, sequential.ours!.p50ms)}× faster; physical limit ${limitMs(1)} ms with sync (${round(sequential.ours!.p50ms / Math.max(limitMs(1), 0.001))}× it), ${limitMs(2)} ms without |`,
+    `| RPC calls per settle on its path (round trips), after a verify | ${sequential.ours!.callsPerSettle} (${sequential.ours!.roundTripsPerSettle}) ${JSON.stringify(sequential.ours!.methods)}; background ${sequential.ours!.backgroundCallsPerSecond}/s | ${sequential.reference!.callsPerSettle} (${sequential.reference!.roundTripsPerSettle}) ${JSON.stringify(sequential.reference!.methods)} | |`,
+    `| CPU per verify + settle, ms (facilitator) | ${sequential.ours!.cpuPerVerifyAndSettleMs} | ${sequential.reference!.cpuPerVerifyAndSettleMs} | |`,
+    ...(["ours1Key", "ours4Keys", "ours4KeysPostgres"] as const).flatMap((k) => {
+      const r = settle[k];
+      if (!r) return [];
+      const label = { ours1Key: "1 key", ours4Keys: "4 keys", ours4KeysPostgres: "4 keys on PostgreSQL" }[k];
+      const blocks = r.blocks ? `; ${r.perBlockMean} per block (max ${r.perBlockMax}) of ${r.blockCapacity} the gas limit allows: ${r.ratioToLimit}` : "";
+      return [`| settle ${BURST} at once, ${label}: ok / failed, s, ok/s${BLOCK_TIME_S ? ", per block" : ""} | ${r.successes} / ${r.failures}, ${r.seconds}, ${r.throughput}${blocks} | ${k === "ours1Key" ? `${settle.reference!.successes} / ${settle.reference!.failures}, ${settle.reference!.seconds}, ${settle.reference!.throughput} (1 key, nonce manager)` : ""} | ${ratio(r.throughput, settle.reference!.throughput)}× |`];
+    }),
     `| reference settle failure reasons | | ${JSON.stringify(settle.reference!.reasons)} | |`,
-    `| steady-state RSS MB (facilitator; router) | ${memory.facilitatorRssMb}; ${memory.routerRssMb} | ${memory.referenceRssMb} | |`,
+    `| steady-state RSS MB (facilitator embedded; on PostgreSQL; router) | ${memory.facilitatorEmbeddedRssMb}; ${memory.facilitatorPostgresRssMb ?? "n/a"}; ${memory.routerRssMb} | ${memory.referenceRssMb} | |`,
   ].join("\n");
-  const header = `Measured ${results.when} on ${results.machine.cpus} × ${results.machine.model}, Node ${results.machine.node}; anvil, router, facilitators, reference and load generator on the same machine.`;
+  const header = `Measured ${results.when} (--rpc-rtt-ms ${RPC_RTT_MS}${BLOCK_TIME_S ? ` --block-time ${BLOCK_TIME_S}` : ""}) on ${results.machine.cpus} × ${results.machine.model}, Node ${results.machine.node}; anvil, router, facilitators, reference and load generator on the same machine.`;
   await mkdir(join(ROOT, "bench/results"), { recursive: true });
-  await writeFile(join(ROOT, "bench/results/latest.json"), JSON.stringify(results, null, 2) + "\n");
-  await writeFile(join(ROOT, "bench/results/latest.md"), `${header}\n\n${md}\n`);
+  // Runs under block times are kept apart from the automine ones: both are in the README.
+  const name = BLOCK_TIME_S > 0 ? `latest-block-time-${BLOCK_TIME_S}s` : "latest";
+  await writeFile(join(ROOT, `bench/results/${name}.json`), JSON.stringify(results, null, 2) + "\n");
+  await writeFile(join(ROOT, `bench/results/${name}.md`), `${header}\n\n${md}\n`);
   console.log(`\n${header}\n\n${md}\n`);
 
   for (const c of children) c.kill("SIGTERM");

@@ -78,6 +78,21 @@ describe("service contract: paths and methods", () => {
 });
 
 describe("service contract: request-level errors are 400 with one error field", () => {
+  it("a forwarded answer says in Server-Timing how long the facilitator took (within the caller's time), byte for byte the facilitator's body", async () => {
+    const body = await validBody();
+    const t0 = performance.now();
+    const r = await postJson(`${base}/verify`, body);
+    const total = performance.now() - t0;
+    expect(r.json).toMatchObject({ isValid: true });
+    const upstream = /^upstream;dur=(\d+\.\d\d)$/.exec(r.headers.get("server-timing") ?? "");
+    expect(upstream, String(r.headers.get("server-timing"))).not.toBeNull();
+    expect(Number(upstream![1])).toBeGreaterThan(0);
+    expect(Number(upstream![1])).toBeLessThanOrEqual(total);
+    const net = devnet.info.networks.find((n) => n.network === "eip155:8453")!;
+    const direct = await postJson(`${net.facilitatorUrl}/verify`, body);
+    expect(r.json).toEqual(direct.json);
+  });
+
   it("an unroutable pair lists every registered pair as scheme@network", async () => {
     const body = await validBody();
     for (const [scheme, network] of [

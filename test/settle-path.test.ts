@@ -10,7 +10,7 @@ import { startRig, type Rig } from "./helpers/settlement-rig.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { postJson } from "./helpers/payments.ts";
 import { publicClient } from "./helpers/onchain.ts";
-import { startRpcFaultProxy, type RpcFaultProxy } from "./helpers/rpc-fault-proxy.ts";
+import { callsDuring, startRpcFaultProxy, type RpcFaultProxy } from "./helpers/rpc-fault-proxy.ts";
 
 let rig: Rig | undefined;
 let proxy: RpcFaultProxy | undefined;
@@ -19,13 +19,6 @@ afterEach(async () => {
   await rig?.stop();
   rig = proxy = undefined;
 });
-
-/** Calls per method made while `fn` ran, as the proxy saw them. */
-async function callsOf(p: RpcFaultProxy, fn: () => Promise<unknown>): Promise<Record<string, number>> {
-  const before = { ...p.calls };
-  await fn();
-  return Object.fromEntries(Object.entries(p.calls).flatMap(([m, n]) => (n - (before[m] ?? 0) > 0 ? [[m, n - (before[m] ?? 0)]] : [])));
-}
 
 /** Calls that would be a simulation or a quote on the settlement's path (the background fee reads are not). */
 const onPath = (calls: Record<string, number>) => (calls.eth_estimateGas ?? 0) + (calls.eth_call ?? 0);
@@ -54,7 +47,7 @@ describe("settlement's critical path", () => {
       const body = await rig.payment(100n);
       expect((await postJson(`${f.url}/verify`, body)).json).toMatchObject({ isValid: true });
       let answer: Record<string, unknown> = {};
-      const calls = await callsOf(proxy, async () => (answer = (await postJson(`${f.url}/settle`, body)).json));
+      const calls = await callsDuring(proxy, async () => (answer = (await postJson(`${f.url}/settle`, body)).json));
       expect(answer, JSON.stringify(answer)).toMatchObject({ success: true });
       paid += 100n;
       expect((await publicClient(rig.anvil.rpcUrl).getTransactionReceipt({ hash: answer.transaction as Hex })).status).toBe("success");
@@ -69,7 +62,7 @@ describe("settlement's critical path", () => {
     expect((await postJson(`${f.url}/verify`, body)).json).toMatchObject({ isValid: true });
     await nextBlock(rig.anvil.rpcUrl);
     let answer: Record<string, unknown> = {};
-    const calls = await callsOf(proxy, async () => (answer = (await postJson(`${f.url}/settle`, body)).json));
+    const calls = await callsDuring(proxy, async () => (answer = (await postJson(`${f.url}/settle`, body)).json));
     expect(answer).toMatchObject({ success: true });
     expect(calls.eth_estimateGas).toBe(1);
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(paid + 7n);
@@ -82,7 +75,7 @@ describe("settlement's critical path", () => {
     for (const amount of [5n, 6n, 7n]) {
       const body = await rig.payment(amount);
       expect((await postJson(`${f.url}/verify`, body)).json).toMatchObject({ isValid: true });
-      const calls = await callsOf(proxy, () => postJson(`${f.url}/settle`, body));
+      const calls = await callsDuring(proxy, () => postJson(`${f.url}/settle`, body));
       expect(calls.eth_estimateGas).toBe(1);
     }
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(18n);

@@ -8,7 +8,7 @@ import { startRig, type Rig } from "./helpers/settlement-rig.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { postJson } from "./helpers/payments.ts";
 import { publicClient } from "./helpers/onchain.ts";
-import { startRpcFaultProxy, type RpcFaultProxy } from "./helpers/rpc-fault-proxy.ts";
+import { callsDuring, startRpcFaultProxy, type RpcFaultProxy } from "./helpers/rpc-fault-proxy.ts";
 
 let rig: Rig | undefined;
 let proxy: RpcFaultProxy | undefined;
@@ -18,13 +18,7 @@ afterEach(async () => {
   rig = proxy = undefined;
 });
 
-/** Calls per method made by `fn`, as the proxy saw them. */
-async function callsOf(p: RpcFaultProxy, fn: () => Promise<unknown>): Promise<Record<string, number>> {
-  const before = { ...p.calls };
-  await fn();
-  await p.idle(50);
-  return Object.fromEntries(Object.entries(p.calls).flatMap(([m, n]) => (n - (before[m] ?? 0) > 0 ? [[m, n - (before[m] ?? 0)]] : [])));
-}
+const callsOf = (p: RpcFaultProxy, fn: () => Promise<unknown>) => callsDuring(p, fn, 50);
 
 describe("synchronous sends", () => {
   it("a settlement is sent and confirmed in one call, with no receipt polls; mined on chain", async () => {

@@ -92,6 +92,7 @@ export function createRouter(opts: RouterOptions): Router {
     let spent: bigint | undefined;
     try {
       const timeout = action === "verify" ? (opts.verifyTimeoutMs ?? 30_000) : (opts.settleTimeoutMs ?? 60_000);
+      const sentAt = performance.now();
       let res;
       try {
         res = await route.pool.request({
@@ -133,9 +134,11 @@ export function createRouter(opts: RouterOptions): Router {
         const quote = bigintHeader(res.headers[FLEET_HEADERS.gasQuote]);
         if (quote !== undefined) gasQuotes.set(pairKey(scheme, network), quote);
       }
+      // Server-Timing: how long the facilitator took, so a caller (and the bench) sees what the router itself adds.
+      const upstream = `upstream;dur=${(performance.now() - sentAt).toFixed(2)}`;
       if (key && res.statusCode === 200) await recordUsage(key, action, network, body, text, spent);
-      const headers = opts.discovery && res.statusCode === 200 && declaresBazaar(body) && paid(action, text) ? await opts.discovery.afterPayment(body) : undefined;
-      return { status: res.statusCode, body: text, headers };
+      const extra = opts.discovery && res.statusCode === 200 && declaresBazaar(body) && paid(action, text) ? await opts.discovery.afterPayment(body) : undefined;
+      return { status: res.statusCode, body: text, headers: { ...extra, "server-timing": upstream } };
     } finally {
       if (gas) await finishGas(gas, spent, key!);
     }

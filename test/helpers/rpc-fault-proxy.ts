@@ -225,3 +225,11 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
       }),
   };
 }
+
+/** Calls per method made while `fn` ran, as the proxy saw them; `quietMs`: wait for straggling calls first. */
+export async function callsDuring(p: RpcFaultProxy, fn: () => Promise<unknown>, quietMs = 0): Promise<Record<string, number>> {
+  const before = { ...p.calls };
+  await fn();
+  if (quietMs > 0) await p.idle(quietMs);
+  return Object.fromEntries(Object.entries(p.calls).flatMap(([m, n]) => (n - (before[m] ?? 0) > 0 ? [[m, n - (before[m] ?? 0)]] : [])));
+}

@@ -40,7 +40,28 @@ interface IERC20PermitVRS {
         external;
 }
 
-contract DevnetExactPermit2Proxy {
+/// The deployed proxies' EIP-2612 step of settleWithPermit: the permit is tried, and a failure (it
+/// may have been front-run) is reported in one of these events, never a revert; the transfer decides.
+abstract contract DevnetPermit2612Attempt {
+    event EIP2612PermitFailedWithReason(address indexed token, address indexed owner, string reason);
+    event EIP2612PermitFailedWithPanic(address indexed token, address indexed owner, uint256 errorCode);
+    event EIP2612PermitFailedWithData(address indexed token, address indexed owner, bytes data);
+
+    function _tryPermit(address token, address owner, address spender, uint256 value, uint256 deadline, uint8 v, bytes32 r, bytes32 s)
+        internal
+    {
+        try IERC20PermitVRS(token).permit(owner, spender, value, deadline, v, r, s) {}
+        catch Error(string memory reason) {
+            emit EIP2612PermitFailedWithReason(token, owner, reason);
+        } catch Panic(uint256 errorCode) {
+            emit EIP2612PermitFailedWithPanic(token, owner, errorCode);
+        } catch (bytes memory data) {
+            emit EIP2612PermitFailedWithData(token, owner, data);
+        }
+    }
+}
+
+contract DevnetExactPermit2Proxy is DevnetPermit2612Attempt {
     struct Witness {
         address to;
         uint256 validAfter;
@@ -56,10 +77,6 @@ contract DevnetExactPermit2Proxy {
 
     event Settled();
     event SettledWithPermit();
-    // A failed EIP-2612 permit is not a revert: the deployed proxy says why in one of these.
-    event EIP2612PermitFailedWithReason(address indexed token, address indexed owner, string reason);
-    event EIP2612PermitFailedWithPanic(address indexed token, address indexed owner, uint256 errorCode);
-    event EIP2612PermitFailedWithData(address indexed token, address indexed owner, bytes data);
 
     error InvalidAmount();
     error InvalidDestination();
@@ -106,15 +123,7 @@ contract DevnetExactPermit2Proxy {
         bytes calldata signature
     ) external nonReentrant {
         if (permit2612.value != permit.permitted.amount) revert Permit2612AmountMismatch();
-        try IERC20PermitVRS(permit.permitted.token).permit(
-            owner, address(PERMIT2), permit2612.value, permit2612.deadline, permit2612.v, permit2612.r, permit2612.s
-        ) {} catch Error(string memory reason) {
-            emit EIP2612PermitFailedWithReason(permit.permitted.token, owner, reason);
-        } catch Panic(uint256 errorCode) {
-            emit EIP2612PermitFailedWithPanic(permit.permitted.token, owner, errorCode);
-        } catch (bytes memory data) {
-            emit EIP2612PermitFailedWithData(permit.permitted.token, owner, data);
-        }
+        _tryPermit(permit.permitted.token, owner, address(PERMIT2), permit2612.value, permit2612.deadline, permit2612.v, permit2612.r, permit2612.s);
         _validate(permit, owner, witness);
         _transfer(permit, owner, witness, signature);
         emit SettledWithPermit();

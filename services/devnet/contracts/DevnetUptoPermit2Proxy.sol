@@ -12,9 +12,9 @@
 // lives in transient storage (zero = unlocked).
 pragma solidity ^0.8.28;
 
-import {ISignatureTransfer, IERC20PermitVRS} from "./DevnetExactPermit2Proxy.sol";
+import {ISignatureTransfer, DevnetPermit2612Attempt} from "./DevnetExactPermit2Proxy.sol";
 
-contract DevnetUptoPermit2Proxy {
+contract DevnetUptoPermit2Proxy is DevnetPermit2612Attempt {
     struct Witness {
         address to;
         address facilitator;
@@ -31,10 +31,6 @@ contract DevnetUptoPermit2Proxy {
 
     event Settled();
     event SettledWithPermit();
-    // A failed EIP-2612 permit is not a revert: the deployed proxies say why in one of these.
-    event EIP2612PermitFailedWithReason(address indexed token, address indexed owner, string reason);
-    event EIP2612PermitFailedWithPanic(address indexed token, address indexed owner, uint256 errorCode);
-    event EIP2612PermitFailedWithData(address indexed token, address indexed owner, bytes data);
 
     error AmountExceedsPermitted();
     // Raised by the deployed proxy (from its base contract) though the published upto ABI omits it.
@@ -89,15 +85,7 @@ contract DevnetUptoPermit2Proxy {
     ) external nonReentrant {
         _authorize(permit, amount, witness);
         if (permit2612.value != permit.permitted.amount) revert Permit2612AmountMismatch();
-        try IERC20PermitVRS(permit.permitted.token).permit(
-            owner, address(PERMIT2), permit2612.value, permit2612.deadline, permit2612.v, permit2612.r, permit2612.s
-        ) {} catch Error(string memory reason) {
-            emit EIP2612PermitFailedWithReason(permit.permitted.token, owner, reason);
-        } catch Panic(uint256 errorCode) {
-            emit EIP2612PermitFailedWithPanic(permit.permitted.token, owner, errorCode);
-        } catch (bytes memory data) {
-            emit EIP2612PermitFailedWithData(permit.permitted.token, owner, data);
-        }
+        _tryPermit(permit.permitted.token, owner, address(PERMIT2), permit2612.value, permit2612.deadline, permit2612.v, permit2612.r, permit2612.s);
         _validate(amount, owner, witness);
         _transfer(permit, amount, owner, witness, signature);
         emit SettledWithPermit();
