@@ -53,6 +53,13 @@ function request(body: unknown): { payload: PaymentPayload; requirements: Paymen
 }
 const withSig = (p: Awaited<ReturnType<typeof signEip3009>>, signature: string) => ({ ...p, signature: signature as Hex });
 
+/** The address with the case of its first letter flipped: no longer its EIP-55 checksum. */
+function badChecksum(address: string): string {
+  const i = [...address].findIndex((c, k) => k > 1 && /[a-fA-F]/.test(c));
+  const c = address[i]!;
+  return address.slice(0, i) + (c === c.toUpperCase() ? c.toLowerCase() : c.toUpperCase()) + address.slice(i + 1);
+}
+
 describe("fast EIP-3009 verification", () => {
   it("answers exactly as the reference mechanism on every case", async () => {
     const N = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141n;
@@ -76,6 +83,8 @@ describe("fast EIP-3009 verification", () => {
       ["unfunded payer", (() => { const k = generatePrivateKey(); return signEip3009(spec({ payerKey: k })).then((p) => standardShape(spec({ payerKey: k }), p)); })()],
       ["asset without code", standardShape(spec({ asset: ghostAsset }), await signEip3009(spec({ asset: ghostAsset })))],
       ["wrong token name", standardShape(spec({ asset: { ...net.assets[0]!, eip712: { name: "Other", version: "2" } } }), await signEip3009(spec({ asset: { ...net.assets[0]!, eip712: { name: "Other", version: "2" } } })))],
+      // A mixed-case recipient with a broken EIP-55 checksum (one letter's case flipped).
+      ["bad checksum", standardShape(spec(), { ...valid, authorization: { ...valid.authorization, to: badChecksum(valid.authorization.to) } })],
       ["missing domain", { ...standardShape(spec(), valid), paymentRequirements: { ...standardShape(spec(), valid).paymentRequirements, extra: {} } }],
     ];
     const accepted = standardShape(spec(), valid);

@@ -1,16 +1,16 @@
 // Which block is provably still the head (settlement/head.ts): the rules on a clock we move by hand.
 // The settlement path's use of it is judged on chain in settle-path.test.ts.
 import { describe, expect, it } from "vitest";
-import { createHeadTracker } from "../services/facilitator/settlement/head.ts";
+import { PROOF_MARGIN_MS, createHeadTracker } from "../services/facilitator/settlement/head.ts";
 
 function tracker(interval = 2000) {
   let t = 1_000_000;
-  const head = createHeadTracker(interval, () => t);
+  const head = createHeadTracker(interval, () => t, () => t);
   return { head, at: (ms: number) => (t = ms), ts: (ms: number) => BigInt(Math.floor(ms / 1000)) };
 }
 
 describe("provable head", () => {
-  it("a block is provable from the last read that saw its parent until one interval later, not after", () => {
+  it("a block is provable from the last read that saw its parent until one interval (less the margin) later, not after", () => {
     const { head, at, ts } = tracker();
     at(1_000_000);
     head.observe(10n, 1_000_000, ts(1_000_000));
@@ -18,10 +18,11 @@ describe("provable head", () => {
     head.observe(10n, 1_000_400, ts(1_000_000)); // a later read still sees 10
     at(1_000_900);
     head.observe(11n, 1_000_900, ts(1_002_000));
-    // 11 was made after the read started at 1_000_400: 12 cannot exist before 1_002_400
-    at(1_002_399);
+    // 11 was made after the read started at 1_000_400: 12 cannot exist before 1_002_400, and the
+    // proof ends PROOF_MARGIN_MS earlier
+    at(1_002_400 - PROOF_MARGIN_MS - 1);
     expect(head.current()).toBe(11n);
-    at(1_002_400);
+    at(1_002_400 - PROOF_MARGIN_MS);
     expect(head.current()).toBeUndefined();
   });
 
@@ -39,12 +40,12 @@ describe("provable head", () => {
     expect(head.current()).toBeUndefined();
   });
 
-  it("a head whose timestamp trails the clock (a sequencer catching up) is not provable", () => {
+  it("a head whose timestamp trails the clock by more than an interval and a second (a sequencer catching up) is not provable", () => {
     const { head, at, ts } = tracker();
-    at(1_100_000);
-    head.observe(10n, 1_100_000, ts(1_000_000));
-    at(1_100_100);
-    head.observe(11n, 1_100_100, ts(1_002_000));
+    at(1_004_000);
+    head.observe(10n, 1_004_000, ts(1_000_000));
+    at(1_005_100);
+    head.observe(11n, 1_005_100, ts(1_002_000)); // 3.1 s behind the clock: catching up
     expect(head.offSchedule()).toBe(false);
     expect(head.current()).toBeUndefined();
   });

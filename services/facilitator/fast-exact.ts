@@ -8,7 +8,7 @@
 // (outbox-signer.ts takeSimulation).
 import { startAssetContractCheck, eip3009ABI } from "@x402/evm";
 import type { PaymentPayload, PaymentRequirements, VerifyResponse } from "@x402/core/types";
-import { getAddress, getTypesForEIP712Domain, hashDomain, keccak256, parseSignature, toFunctionSelector, toHex, type Address, type Hex } from "viem";
+import { getAddress, getTypesForEIP712Domain, hashDomain, isAddress, keccak256, parseSignature, toFunctionSelector, toHex, type Address, type Hex } from "viem";
 import { MULTICALL3_ADDRESS, chainIdOf } from "../x402/networks.ts";
 import type { ChainClient } from "./chain.ts";
 import { recoverSigner } from "./crypto/ecrecover.ts";
@@ -115,6 +115,8 @@ export function createFastExactVerifier(opts: { chain: ChainClient; signer: Outb
     let digest: Hex;
     let fields: string;
     try {
+      // A mixed-case address with a wrong EIP-55 checksum: the reference's typed-data hashing refuses it.
+      if (!isAddress(auth.from) || !isAddress(auth.to)) throw new Error("invalid address checksum");
       fields = `${addressWord(auth.from)}${addressWord(auth.to)}${uintWord(auth.value)}${uintWord(auth.validAfter)}${uintWord(auth.validBefore)}${auth.nonce.slice(2).toLowerCase()}`;
       const struct = keccak256(`0x${TRANSFER_TYPEHASH}${fields}`);
       digest = keccak256(`0x1901${domainSeparator({ name, version, chainId: chainIdOf(requirements.network), verifyingContract: asset }).slice(2)}${struct.slice(2)}`);
@@ -139,8 +141,14 @@ export function createFastExactVerifier(opts: { chain: ChainClient; signer: Outb
       // of this very call while that block is still the head reuses it instead of simulating again.
       // Plain JSON-RPC requests: viem's call/estimateGas actions add formatting this call does not need.
       const head = signer.head();
-      if (head === undefined) await chain.client.request({ method: "eth_call", params: [{ to: asset, data }, "latest"] });
-      else signer.noteSimulated(asset, data, head, BigInt(await chain.client.request({ method: "eth_estimateGas", params: [{ from: ZERO, to: asset, data }, toHex(head)] } as never)));
+      const pinned =
+        head === undefined
+          ? undefined
+          : await chain.client.request({ method: "eth_estimateGas", params: [{ from: ZERO, to: asset, data }, toHex(head)] } as never).then(
+              (gas) => signer.noteSimulated(asset, data, head, BigInt(gas as string)),
+              () => "retry" as const, // a node without that block yet, or a revert: the plain call decides
+            );
+      if (head === undefined || pinned === "retry") await chain.client.request({ method: "eth_call", params: [{ to: asset, data }, "latest"] });
     } catch (e) {
       const diagnosis = await diagnose(asset, auth, requirements, payer);
       return { ...diagnosis, invalidMessage: (e as Error).message };

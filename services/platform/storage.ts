@@ -38,9 +38,11 @@ async function initialiseInChild(dataDir: string, startParams: string[]): Promis
   const script = `import { PGlite } from ${JSON.stringify(import.meta.resolve("@electric-sql/pglite"))};
 const db = await PGlite.create({ dataDir: process.env.X402_INIT_DIR, startParams: JSON.parse(process.env.X402_INIT_PARAMS) });
 await db.close();`;
+  // Only what it needs: the service's environment may hold RPC URLs with keys and tokens.
+  const env = { PATH: process.env.PATH ?? "", X402_INIT_DIR: dataDir, X402_INIT_PARAMS: JSON.stringify(startParams) };
   await new Promise<void>((resolve, reject) =>
-    execFile(process.execPath, ["--input-type=module", "-e", script], { env: { ...process.env, X402_INIT_DIR: dataDir, X402_INIT_PARAMS: JSON.stringify(startParams) } }, (e, _out, stderr) =>
-      e ? reject(new Error(`the embedded database in ${dataDir} could not be initialised: ${String(stderr).trim().split("\n").pop() ?? e.message}`)) : resolve(),
+    execFile(process.execPath, ["--input-type=module", "-e", script], { env, timeout: 120_000 }, (e, _out, stderr) =>
+      e ? reject(new Error(`the embedded database in ${dataDir} could not be initialised: ${String(stderr).trim().split("\n").pop() || e.message}`)) : resolve(),
     ),
   );
 }

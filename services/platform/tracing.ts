@@ -1,7 +1,7 @@
 // OpenTelemetry traces. Code creates spans through @opentelemetry/api (a no-op until a provider is
 // registered); `startTracing` registers the Node SDK with an OTLP exporter when
 // OTEL_EXPORTER_OTLP_ENDPOINT is set. W3C trace context crosses router → facilitator in headers.
-import { context, propagation, trace, INVALID_SPAN_CONTEXT, SpanKind, SpanStatusCode, type Attributes, type Span } from "@opentelemetry/api";
+import { context, propagation, trace, INVALID_SPAN_CONTEXT, ProxyTracerProvider, SpanKind, SpanStatusCode, type Attributes, type Span } from "@opentelemetry/api";
 
 export const tracer = trace.getTracer("x402-fleet");
 
@@ -23,21 +23,16 @@ export async function stopTracing(): Promise<void> {
 }
 
 // Without a registered provider every span is a no-op: requests then skip the span machinery (an
-// extra async frame and context switch per span, on every request and RPC call). Known once a real
-// provider answers; until then each call asks the global tracer for a (no-op) span. The probe of a
-// real provider is never ended, so never exported.
+// extra async frame and context switch per span, on every request and RPC call). The global
+// provider is a proxy whose delegate is the shared no-op provider until one is registered.
 const NOOP_SPAN = trace.wrapSpanContext(INVALID_SPAN_CONTEXT);
-let recording = false;
-function tracingOff(): boolean {
-  if (recording) return false;
-  const probe = tracer.startSpan("probe");
-  recording = probe.isRecording();
-  return !recording;
-}
+const NOOP_PROVIDER = new ProxyTracerProvider().getDelegate();
+const tracingOff = () => (trace.getTracerProvider() as ProxyTracerProvider).getDelegate?.() === NOOP_PROVIDER;
 
 /** Runs fn in a server span that continues the caller's trace (from `traceparent`). */
 export function withServerSpan<T>(name: string, headers: Record<string, unknown>, attributes: Attributes, fn: (span: Span) => Promise<T>): Promise<T> {
-  if (tracingOff()) return fn(NOOP_SPAN);
+  // A caller's trace context is still carried through (to the facilitator) when nothing records.
+  if (tracingOff() && !headers.traceparent) return fn(NOOP_SPAN);
   const parent = propagation.extract(context.active(), headers);
   return tracer.startActiveSpan(name, { kind: SpanKind.SERVER, attributes }, parent, (span) => finish(span, fn));
 }

@@ -8,12 +8,13 @@
 // Guarantees: current() never names a block older than the head while the chain keeps its
 // schedule; a chain seen breaking it (two blocks' timestamps closer than the interval: a devnet
 // mining on demand, a wrong policy) never gets a provable head again. Assumptions: the schedule
-// (network-policy.ts minBlockIntervalMs; 0 turns this off) and the local clock's rate (not its
-// offset: only local times are compared). Caveats: a reorg to a lower height is not seen until the
-// next new block; a block made off schedule before any timestamp shows it is trusted for at most
-// one interval. A sequencer catching up after a halt makes blocks faster than their timestamps:
-// while the newest timestamp trails the local clock by more than two intervals (plus a second of
-// clock offset), nothing is provable.
+// (network-policy.ts minBlockIntervalMs; 0 turns this off), one endpoint answering every read (the
+// signer makes no proof behind a fallback of several), and a monotonic local clock. A proof ends
+// half a second early: blocks reach the node a little late, and a node behind its peers by more
+// than that is outside the assumption. Caveats: a reorg to a lower height is not seen until the next
+// new block. A sequencer catching up after a halt makes blocks faster than their timestamps: while
+// the newest timestamp trails the wall clock by more than an interval and a second, nothing is
+// provable (so a wall clock off by more than a second turns proofs off or weakens this check).
 
 export interface HeadTracker {
   /** A read that started at local time `startedAt` (ms) saw `number` as the head, made at `timestamp` (s) if known. */
@@ -26,7 +27,10 @@ export interface HeadTracker {
   latest(): bigint | undefined;
 }
 
-export function createHeadTracker(minBlockIntervalMs: number, now: () => number = Date.now): HeadTracker {
+/** How much earlier than the schedule allows a proof ends (propagation to the node, a small lag). */
+export const PROOF_MARGIN_MS = 500;
+
+export function createHeadTracker(minBlockIntervalMs: number, now: () => number = () => performance.now(), wallClock: () => number = Date.now): HeadTracker {
   // `seenSince`: the start of the latest read that saw this block (its successor comes after it).
   let head: { number: bigint; validUntil: number; seenSince: number } | undefined;
   let stamped: { number: bigint; timestamp: bigint } | undefined;
@@ -39,14 +43,14 @@ export function createHeadTracker(minBlockIntervalMs: number, now: () => number 
         if (stamped && number > stamped.number && (timestamp - stamped.timestamp) * 1000n < (number - stamped.number) * BigInt(minBlockIntervalMs)) broken = true;
         if (!stamped || number > stamped.number) {
           stamped = { number, timestamp };
-          behind = now() - Number(timestamp) * 1000 > 2 * minBlockIntervalMs + 1000;
+          behind = wallClock() - Number(timestamp) * 1000 > minBlockIntervalMs + 1000;
         }
       }
       if (!head) {
         // When the first block we see was made is unknown: nothing is provable until the next one.
         head = { number, validUntil: 0, seenSince: startedAt };
       } else if (number > head.number) {
-        head = { number, validUntil: broken ? 0 : head.seenSince + minBlockIntervalMs, seenSince: startedAt };
+        head = { number, validUntil: broken ? 0 : head.seenSince + minBlockIntervalMs - PROOF_MARGIN_MS, seenSince: startedAt };
       } else if (number === head.number && startedAt > head.seenSince) {
         head.seenSince = startedAt;
       }

@@ -4,8 +4,10 @@
 // a broadcast the node refuses for good gives its nonce back (or fills it) so the key never
 // wedges. Receipt waits are bounded, shared and follow fee replacements. Reads go straight to the
 // chain client.
+import { randomBytes } from "node:crypto";
 import {
   encodeFunctionData,
+  toHex,
   isAddressEqual,
   keccak256,
   parseAbi,
@@ -150,12 +152,16 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   let rotation = -1;
   const poll = opts.pollIntervalMs ?? 100;
   // Hashes this process sent, so receipt waits need not ask the store on every poll.
-  const sent = new Map<string, Pick<OutboxRow, "id" | "hashes"> & { signer?: Address }>();
+  const sent = new Map<string, Pick<OutboxRow, "id" | "hashes"> & { signer?: Address; transfer?: string }>();
   // Account classification (code or none) changes rarely: read it once per short window.
   const codeCache = new Map<string, { code: Hex | undefined; until: number }>();
   const CODE_TTL_MS = 10_000;
   // Calls a verification simulated, by target and calldata: the block and the gas it needed.
   const simulated = new Map<string, { block: bigint; gas: bigint }>();
+  // EIP-3009 transfers of this process not yet mined, by token and payer: a verification at the head
+  // does not see them, so another transfer of that payer is simulated again (a shared balance).
+  const unminedTransfers = new Map<string, number>();
+  const transferKey = (to: Address, data: Hex) => `${to.toLowerCase()}:${data.slice(34, 74).toLowerCase()}`;
   // Receipts that came with a synchronous send, taken by the receipt wait of the same transaction.
   const syncReceipts = new Map<string, TransactionReceipt>();
   let syncUnservedUntil = 0;
@@ -187,14 +193,15 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   // (a few times per block where the chain keeps a schedule, so the head stays provable), and a
   // settlement takes them from memory; a cache older than a few refreshes (the background read
   // failing) is refreshed on the request path.
-  const minBlockIntervalMs = opts.minBlockIntervalMs ?? 0;
+  // Several endpoints behind a fallback: a lagging one's head would stretch a proof, so none is made.
+  const minBlockIntervalMs = opts.chain.endpoints.length > 1 ? 0 : (opts.minBlockIntervalMs ?? 0);
   const refreshMs = opts.feeRefreshMs ?? (minBlockIntervalMs > 0 ? Math.min(1000, Math.max(100, minBlockIntervalMs / 4)) : 1000);
   const head = createHeadTracker(minBlockIntervalMs);
   let offScheduleLogged = false;
   let feeCache: { at: number; value: Promise<MarketFees> } | undefined;
   function refreshFees(): Promise<MarketFees> {
     const value = (async () => {
-      const startedAt = Date.now();
+      const startedAt = performance.now();
       const block = await client.getBlock({ blockTag: "latest" });
       head.observe(block.number!, startedAt, block.timestamp);
       if (head.offSchedule() && !offScheduleLogged) {
@@ -228,7 +235,8 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   background.unref();
   async function marketFees(): Promise<MarketFees> {
     lastUse = Date.now();
-    if (!feeCache || Date.now() - feeCache.at > Math.max(5000, refreshMs * 5)) {
+    // Older than two refreshes (idle, or the background read failing): read on the path.
+    if (!feeCache || Date.now() - feeCache.at > Math.max(1000, refreshMs * 2)) {
       const value = refreshFees();
       feeCache = { at: Date.now(), value };
       value.catch(() => (feeCache = undefined));
@@ -255,7 +263,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   async function sendSync(row: Pick<OutboxRow, "id" | "raw_tx" | "hash">): Promise<boolean> {
     if (!opts.syncSend || Date.now() < syncUnservedUntil) return false;
     try {
-      const startedAt = Date.now();
+      const startedAt = performance.now();
       const receipt = await sendRawTransactionSync(client, { serializedTransaction: row.raw_tx });
       // The block holding our transaction was made after we sent it: a head we saw, for free.
       head.observe(receipt.blockNumber, startedAt);
@@ -328,11 +336,11 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   /**
    * OP Stack: the L1 data fee comes out of the key's balance on top of gas x price. Quoted by the
    * chain's GasPriceOracle; above the bound (or unquotable) the transaction is not signed. The fee
-   * follows the L1 fees and the transaction's size, so a quote of a transaction of the same kind and
-   * size serves for a minute, raised by the most L1 fees can rise meanwhile (EIP-1559 and EIP-4844:
-   * 12.5% per L1 block of 12 s), and is re-quoted in the background after one L1 block: never a
-   * round trip on a settlement's path once warm. (The oracle's compression estimate of two such
-   * transactions may differ by a few bytes: far inside the bound's margin.)
+   * depends on the L1 fees and on how well the transaction compresses, which a payer can shape: so
+   * the quote is of a transaction of the same kind and size whose calldata is random non-zero bytes
+   * (incompressible: the most any content of that size can cost), served for a minute raised by the
+   * most L1 fees can rise meanwhile (EIP-1559 and EIP-4844: 12.5% per L1 block of 12 s), and
+   * re-quoted in the background after one L1 block: never a round trip on a settlement's path once warm.
    */
   const l1Quotes = new Map<string, { at: number; quote: Promise<bigint> }>();
   const L1_BLOCK_MS = 12_000;
@@ -341,7 +349,8 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     const key = `${kind}:${args.data.length}`;
     const cached = l1Quotes.get(key);
     const fresh = () => {
-      const unsigned = serializeTransaction({ chainId: chain.id, type: "eip1559", to: args.to, data: args.data, gas, nonce: 0, maxFeePerGas: fee.maxFeePerGas, maxPriorityFeePerGas: fee.maxPriorityFeePerGas });
+      const filler = toHex(randomBytes((args.data.length - 2) / 2).map((b) => b || 0xff));
+      const unsigned = serializeTransaction({ chainId: chain.id, type: "eip1559", to: args.to, data: filler, gas, nonce: 0, maxFeePerGas: fee.maxFeePerGas, maxPriorityFeePerGas: fee.maxPriorityFeePerGas });
       const quote = client.readContract({ address: model.oracle, abi: getL1FeeAbi, functionName: "getL1Fee", args: [unsigned] });
       const at = Date.now();
       quote.then(
@@ -445,8 +454,14 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       }
       ctx?.gas?.noteSent(row.id);
       crash("after_broadcast", opts.crashAt);
-      if (sent.size > 10_000) sent.clear(); // entries are removed by the receipt wait; this bounds the rare leftovers
-      sent.set(row.hash, { id: row.id, hashes: row.hashes, signer: account.address });
+      if (sent.size > 10_000) {
+        // Entries are removed by the receipt wait; this bounds the rare leftovers.
+        sent.clear();
+        unminedTransfers.clear();
+      }
+      const transfer = kind === "eip3009_transfer" ? transferKey(args.to, args.data) : undefined;
+      if (transfer) unminedTransfers.set(transfer, (unminedTransfers.get(transfer) ?? 0) + 1);
+      sent.set(row.hash, { id: row.id, hashes: row.hashes, signer: account.address, transfer });
       awaitingReceipt = true; // the key stays busy until its receipt wait ends
       return row.hash;
     } finally {
@@ -459,6 +474,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     const key = `${to.toLowerCase()}:${data}`;
     const hit = simulated.get(key);
     simulated.delete(key);
+    if ((unminedTransfers.get(transferKey(to, data)) ?? 0) > 0) return undefined;
     return hit && hit.block === head.current() ? hit.gas : undefined;
   }
 
@@ -552,6 +568,11 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       } finally {
         const mine = sent.get(args.hash);
         if (mine?.signer) release(mine.signer);
+        if (mine?.transfer) {
+          const left = (unminedTransfers.get(mine.transfer) ?? 1) - 1;
+          if (left > 0) unminedTransfers.set(mine.transfer, left);
+          else unminedTransfers.delete(mine.transfer);
+        }
         sent.delete(args.hash);
       }
     },
