@@ -67,7 +67,17 @@ export interface StartAnvilOptions {
 }
 
 export async function startAnvil(opts: StartAnvilOptions): Promise<AnvilNode> {
-  const port = opts.port ?? (await freePort());
+  // A free port we picked can be taken by another process before anvil binds it: pick another.
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await startAnvilOn(opts.port ?? (await freePort()), opts);
+    } catch (e) {
+      if (opts.port !== undefined || attempt >= 3 || !/Address already in use/.test((e as Error).message)) throw e;
+    }
+  }
+}
+
+async function startAnvilOn(port: number, opts: StartAnvilOptions): Promise<AnvilNode> {
   const args = ["--chain-id", String(opts.chainId), "--port", String(port), "--host", "127.0.0.1", "--silent"];
   if (opts.blockTime) args.push("--block-time", String(opts.blockTime));
   if (opts.baseFeePerGas !== undefined) args.push("--base-fee", opts.baseFeePerGas.toString());
