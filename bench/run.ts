@@ -160,7 +160,7 @@ async function main() {
     if (Number.isFinite(upstream)) overheads.push(total - upstream);
   }
   overheads.sort((a, b) => a - b);
-  const pairedOverhead = { p50ms: round(percentile(overheads, 50), 3), p99ms: round(percentile(overheads, 99), 3) };
+  const routerOverheadC1 = { p50ms: round(percentile(overheads, 50), 3), p99ms: round(percentile(overheads, 99), 3) };
 
   console.error("RPC calls per verify...");
   proxyOurs.reset();
@@ -279,7 +279,7 @@ async function main() {
       ),
       rpcPerVerify: { ours: round(rpc.ours.calls / 200), oursRoundTrips: round(rpc.ours.roundTrips / 200), reference: round(rpc.reference.calls / 200), referenceRoundTrips: round(rpc.reference.roundTrips / 200), ratio: ratio(rpc.reference.calls, rpc.ours.calls), oursMethods: rpc.ours.methods, referenceMethods: rpc.reference.methods },
       // c=1: the router's own share of each request (Server-Timing); c=16: the difference of the two p50s only (p99s of two runs do not subtract).
-      routerOverhead: { concurrency1: pairedOverhead, concurrency16: { p50ms: round(v("oursViaRouter", 16).p50ms - v("ours", 16).p50ms) } },
+      routerOverhead: { concurrency1: routerOverheadC1, concurrency16: { p50ms: round(v("oursViaRouter", 16).p50ms - v("ours", 16).p50ms) } },
       cpuPerVerifyMs: { ours: round(cpu.oursFacilitatorMs!, 3), router: round(cpu.routerMs!, 3), reference: round(cpu.referenceMs!, 3), ratio: ratio(cpu.referenceMs!, cpu.oursFacilitatorMs!) },
       settleSequential: { rpcRttMs: RPC_RTT_MS, blockTimeS: BLOCK_TIME_S, ...sequential, limitMs: { withSync: limitMs(1), withoutSync: limitMs(2) } },
       settleBurst: { concurrent: BURST, ...settle, throughputRatio4KeysVsReference: ratio(settle.ours4Keys!.throughput, settle.reference!.throughput), throughputRatio4KeysVs1Key: ratio(settle.ours4Keys!.throughput, settle.ours1Key!.throughput) },
