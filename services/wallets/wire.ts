@@ -7,6 +7,7 @@ import type { PaymentRequired, PaymentRequirements } from "@x402/core/types";
 import { CAIP2_PATTERN, networkInfo, type Caip2 } from "../x402/networks.ts";
 import { WalletError } from "./errors.ts";
 import type { Candidate } from "./policy.ts";
+import type { Page } from "./store/rows.ts";
 
 function issueText(error: z.ZodError, root = "body"): string {
   return error.issues
@@ -46,12 +47,6 @@ const pageQuery = z
     agentId: text(128).optional(),
   })
   .strict();
-
-export interface Page {
-  limit: number;
-  cursor?: bigint;
-  agentId?: string;
-}
 
 export function parsePage(query: unknown): Page {
   const q = parseWith(pageQuery, query, "invalid_request", "query");
