@@ -1,13 +1,12 @@
 // The hub's HTTP surface: the three endpoints of the original (upload, download, conversation) as
 // its clients call them, plus our own history and info endpoints. Writes must be signed; reads are
 // public. Every error is a proper status with `{"error": "<code>: <detail>"}`, never a 500 for bad input.
-import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
-import formbody from "@fastify/formbody";
+import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { stringToBytes } from "viem";
+import { createServiceApp } from "../platform/http-kit.ts";
 import type { Logger } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
-import { resolveServerTimeouts, serverTimeoutOptions, type ServerTimeouts } from "../platform/timeouts.ts";
-import { withServerSpan } from "../platform/tracing.ts";
+import type { ServerTimeouts } from "../platform/timeouts.ts";
 import { AUTH_HEADERS, DEFAULT_MAX_EXPIRY_SECONDS, HUB_WRITE_TYPES, authorizeWrite, hubMessageHash, readAuthorization, type HubDomain, type SignatureVerifier } from "./auth.ts";
 import { HubError } from "./errors.ts";
 import { createRateLimiter, type RateLimit, type RateLimiter } from "./rate-limit.ts";
@@ -59,32 +58,12 @@ function fastifyTrustProxy(t: TrustProxy | undefined): boolean | string[] | ((ad
 
 const decoder = new TextDecoder();
 
-function sendError(reply: FastifyReply, err: HubError) {
-  return reply.code(err.status).headers(err.headers).type("application/json").send(err.body());
-}
-
-function toHubError(error: unknown): HubError | undefined {
-  if (error instanceof HubError) return error;
-  const e = error as { code?: string; statusCode?: number; message?: string };
-  switch (e?.code) {
-    case "FST_ERR_CTP_BODY_TOO_LARGE":
-      return new HubError("payload_too_large", e.message ?? "request body is too large");
-    case "FST_ERR_CTP_INVALID_MEDIA_TYPE":
-      return new HubError("unsupported_media_type", "send JSON (application/json) or form fields (application/x-www-form-urlencoded)");
-    case "FST_ERR_CTP_INVALID_CONTENT_LENGTH":
-      return new HubError("invalid_request", "content-length does not match the body");
-  }
-  if (e?.statusCode === 413) return new HubError("payload_too_large", e.message ?? "request body is too large");
-  if (e?.statusCode && e.statusCode >= 400 && e.statusCode < 500) return new HubError("invalid_request", e.message ?? "bad request");
-  return undefined;
-}
-
-function parseJson(text: string): unknown {
-  try {
-    return JSON.parse(text);
-  } catch (e) {
-    throw new HubError("invalid_json", `the body is not valid JSON (${(e as Error).message})`);
-  }
+// JSON, form fields, and anything else that is one of the two (fetch sends text/plain by default).
+function parseHubBody(text: string, contentType: string): unknown {
+  if (/^multipart\//i.test(contentType)) throw new HubError("unsupported_media_type", "multipart bodies are not accepted; send JSON or form fields");
+  if (/^application\/x-www-form-urlencoded\s*(;|$)/i.test(contentType)) return parseForm(text);
+  if (/^application\/json\s*(;|$)/i.test(contentType) || /^\s*[[{]/.test(text)) return JSON.parse(text);
+  return parseForm(text.trim());
 }
 
 export function createHubApp(opts: HubAppOptions): FastifyInstance {
@@ -97,82 +76,6 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
   const storeLimits = opts.storeLimits ?? DEFAULT_STORE_LIMITS;
   const { store, domain } = opts;
 
-  const app = Fastify({
-    loggerInstance: opts.logger as FastifyBaseLogger,
-    bodyLimit,
-    return503OnClosing: true,
-    trustProxy: fastifyTrustProxy(opts.trustProxy),
-    ...serverTimeoutOptions(resolveServerTimeouts(opts.timeouts)),
-    // Query strings decode exactly like form bodies (one decoder, one rule for repeated names).
-    routerOptions: { querystringParser: (s: string) => parseForm(s) },
-  });
-
-  // JSON, form fields, and anything else that is one of the two (fetch sends text/plain by default).
-  app.removeAllContentTypeParsers();
-  void app.register(formbody, { parser: (s: string) => parseForm(s), bodyLimit });
-  app.addContentTypeParser("application/json", { parseAs: "string", bodyLimit }, (_req, body, done) => {
-    const text = body as string;
-    if (text.trim() === "") return done(null, undefined);
-    try {
-      done(null, parseJson(text));
-    } catch (e) {
-      done(e as Error, undefined);
-    }
-  });
-  app.addContentTypeParser("*", { parseAs: "string", bodyLimit }, (req, body, done) => {
-    if (/^multipart\//i.test(req.headers["content-type"] ?? "")) {
-      return done(new HubError("unsupported_media_type", "multipart bodies are not accepted; send JSON or form fields"), undefined);
-    }
-    const text = (body as string).trim();
-    if (text === "") return done(null, undefined);
-    try {
-      done(null, text.startsWith("{") || text.startsWith("[") ? parseJson(text) : parseForm(text));
-    } catch (e) {
-      done(e as Error, undefined);
-    }
-  });
-
-  app.setErrorHandler((error, request, reply) => {
-    const known = toHubError(error);
-    if (known) return sendError(reply, known);
-    // Log the kind of failure, never its parameters (they can hold stored messages).
-    const e = error as { message?: string; code?: string };
-    request.log.error({ err: { message: e?.message?.split("\n")[0], code: e?.code }, url: request.url.split("?")[0] }, "hub request failed");
-    return sendError(reply, new HubError("internal_error", "the request could not be processed; see the service logs"));
-  });
-
-  // Route labels are the registered patterns (bounded), never the raw URL.
-  const metrics = opts.metrics;
-  if (metrics) {
-    app.addHook("onResponse", async (request, reply) => {
-      const route = request.routeOptions.url ?? "unmatched";
-      metrics.httpRequests.inc({ service: "hub", route, status: String(reply.statusCode) });
-      metrics.httpDuration.observe({ service: "hub", route }, reply.elapsedTime / 1000);
-    });
-  }
-
-  app.setNotFoundHandler((request, reply) =>
-    sendError(
-      reply,
-      new HubError(
-        "not_found",
-        `no endpoint ${request.method} ${request.url.split("?")[0]}; endpoints are POST /api/upload, GET|POST /api/download, GET|POST /api/conversation, GET|POST /api/history, GET /api/info`,
-      ),
-    ),
-  );
-
-  /** Store calls: a database failure is the service being unavailable, not the caller's fault. */
-  async function storage<T>(request: FastifyRequest, what: string, fn: () => Promise<T>): Promise<T> {
-    try {
-      return await fn();
-    } catch (e) {
-      if (e instanceof HubError || e instanceof NonceReusedError || e instanceof QuotaExceededError) throw e;
-      const err = e as { message?: string; code?: string };
-      request.log.error({ err: { message: err?.message?.split("\n")[0], code: err?.code }, op: what }, "hub storage failed");
-      throw new HubError("backend_unavailable", `the store could not ${what}; try again`);
-    }
-  }
-
   /** Uses a token of `key` (or, with peek, only checks there is one); 429 with Retry-After when none is left. */
   function limit(limiter: RateLimiter, key: string, what: string, peek = false) {
     const decision = peek ? limiter.check(key) : limiter.take(key);
@@ -184,20 +87,6 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
   const callerOf = (request: FastifyRequest) => request.ip;
 
   const fieldsOf = (request: FastifyRequest) => collectFields(request.query, request.body);
-
-  /** One server span per request, continuing the caller's trace; attributes stay bounded (no owners, ids or values). */
-  const traced =
-    (name: string, handler: (request: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply>) => (request: FastifyRequest, reply: FastifyReply) =>
-      withServerSpan(`hub ${request.method} ${name}`, request.headers, { "x402.service": "hub" }, async (span) => {
-        try {
-          const sent = await handler(request, reply);
-          span.setAttribute("http.response.status_code", reply.statusCode);
-          return sent;
-        } catch (e) {
-          span.setAttribute("http.response.status_code", e instanceof HubError ? e.status : 500);
-          throw e;
-        }
-      });
 
   const upload = async (request: FastifyRequest, reply: FastifyReply) => {
     // Limits come before any signature work: an ERC-1271 check costs the hub RPC calls.
@@ -220,20 +109,18 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
     const conversation = conversationOf(req.id);
     let stored;
     try {
-      stored = await storage(request, "store the value", () =>
-        store.write({
-          owner: req.owner,
-          bucket: req.bucket,
-          id: req.id,
-          kind: req.kind,
-          message: bytes,
-          messageHash,
-          nonce: write.nonce,
-          expiry: write.expiry,
-          conversationId: conversation?.conversationId,
-          startsConversation: conversation?.index === "0",
-        }),
-      );
+      stored = await store.write({
+        owner: req.owner,
+        bucket: req.bucket,
+        id: req.id,
+        kind: req.kind,
+        message: bytes,
+        messageHash,
+        nonce: write.nonce,
+        expiry: write.expiry,
+        conversationId: conversation?.conversationId,
+        startsConversation: conversation?.index === "0",
+      });
     } catch (e) {
       if (e instanceof NonceReusedError) throw new HubError("replayed_nonce", `nonce ${write.nonce} was already used by owner ${req.owner}; sign every write with a fresh nonce`);
       if (e instanceof QuotaExceededError) {
@@ -252,7 +139,7 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
   const download = async (request: FastifyRequest, reply: FastifyReply) => {
     const req = parseDownload(fieldsOf(request));
     limit(reads, callerOf(request), "reads from this client");
-    const value = await storage(request, "read the value", () => store.read(req.owner, req.id, req.version));
+    const value = await store.read(req.owner, req.id, req.version);
     if (!value) {
       throw new HubError("not_found", req.version === undefined ? `owner ${req.owner} has no value ${req.id}` : `owner ${req.owner} has no version ${req.version} of ${req.id}`);
     }
@@ -268,18 +155,18 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
     const req = parseConversation(fieldsOf(request));
     limit(reads, callerOf(request), "reads from this client");
     if (req.id === undefined) {
-      const ids = await storage(request, "list conversations", () => store.listConversations(req.owner, req.bucket, req.offset, req.length));
+      const ids = await store.listConversations(req.owner, req.bucket, req.offset, req.length);
       return reply.send(ids);
     }
     const id = req.id;
-    const messages = await storage(request, "read the conversation", () => store.getConversation(req.owner, id, req.bucket, req.offset, req.length));
+    const messages = await store.getConversation(req.owner, id, req.bucket, req.offset, req.length);
     return reply.send(messages.map((m) => decoder.decode(m)));
   };
 
   const history = async (request: FastifyRequest, reply: FastifyReply) => {
     const req = parseHistory(fieldsOf(request));
     limit(reads, callerOf(request), "reads from this client");
-    const found = await storage(request, "read the history", () => store.history(req.owner, req.id, req.offset, req.length));
+    const found = await store.history(req.owner, req.id, req.offset, req.length);
     if (!found) throw new HubError("not_found", `owner ${req.owner} has no value ${req.id}`);
     return reply.send({
       owner: req.owner,
@@ -289,32 +176,33 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
     });
   };
 
-  app.post("/api/upload", traced("/api/upload", upload));
-  app.route({ method: ["GET", "POST"], url: "/api/download", handler: traced("/api/download", download) });
-  app.route({ method: ["GET", "POST"], url: "/api/conversation", handler: traced("/api/conversation", conversation) });
-  app.route({ method: ["GET", "POST"], url: "/api/history", handler: traced("/api/history", history) });
-
-  app.get("/api/info", async (_request, reply) =>
-    reply.send({
-      service: "x402-fleet hub",
-      domain,
-      primaryType: "HubWrite",
-      types: HUB_WRITE_TYPES,
-      authHeaders: AUTH_HEADERS,
-      maxExpirySeconds,
+  return createServiceApp(
+    {
+      ...opts,
+      service: "hub",
       bodyLimit,
-      contractWallets: Boolean(opts.contractWallets),
-      quota: { bytesPerOwner: storeLimits.maxBytesPerOwner, keysPerOwner: storeLimits.maxKeysPerOwner, versionsPerKey: storeLimits.maxVersionsPerKey },
-    }),
+      endpoints: "endpoints are POST /api/upload, GET|POST /api/download, GET|POST /api/conversation, GET|POST /api/history, GET /api/info",
+      parseBody: parseHubBody,
+      mediaTypes: "send JSON (application/json) or form fields (application/x-www-form-urlencoded)",
+      // Query strings decode exactly like form bodies (one decoder, one rule for repeated names).
+      fastify: { trustProxy: fastifyTrustProxy(opts.trustProxy), routerOptions: { querystringParser: (s: string) => parseForm(s) } },
+    },
+    (app) => {
+      app.post("/api/upload", upload);
+      for (const [url, handler] of [["/api/download", download], ["/api/conversation", conversation], ["/api/history", history]] as const) app.route({ method: ["GET", "POST"], url, handler });
+      app.get("/api/info", async (_request, reply) =>
+        reply.send({
+          service: "x402-fleet hub",
+          domain,
+          primaryType: "HubWrite",
+          types: HUB_WRITE_TYPES,
+          authHeaders: AUTH_HEADERS,
+          maxExpirySeconds,
+          bodyLimit,
+          contractWallets: Boolean(opts.contractWallets),
+          quota: { bytesPerOwner: storeLimits.maxBytesPerOwner, keysPerOwner: storeLimits.maxKeysPerOwner, versionsPerKey: storeLimits.maxVersionsPerKey },
+        }),
+      );
+    },
   );
-
-  const methodNotAllowed = (allow: string) => async (request: FastifyRequest, reply: FastifyReply) =>
-    sendError(reply, new HubError("method_not_allowed", `${request.method} is not allowed on ${request.url.split("?")[0]}; use ${allow}`, { allow }));
-  app.route({ method: ["GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"], url: "/api/upload", handler: methodNotAllowed("POST") });
-  for (const url of ["/api/download", "/api/conversation", "/api/history"]) {
-    app.route({ method: ["PUT", "PATCH", "DELETE", "OPTIONS"], url, handler: methodNotAllowed("GET, POST") });
-  }
-  app.route({ method: ["POST", "PUT", "PATCH", "DELETE", "OPTIONS"], url: "/api/info", handler: methodNotAllowed("GET") });
-
-  return app;
 }

@@ -3,11 +3,11 @@
 // platform's wallet id answers 404 exactly like an id that does not exist. Every error is a proper
 // status with `{"error": "<code>: <detail>"}`; bad input is never a 500.
 import { randomBytes } from "node:crypto";
-import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
+import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
+import { createServiceApp } from "../platform/http-kit.ts";
 import type { Logger } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
-import { resolveServerTimeouts, serverTimeoutOptions, type ServerTimeouts } from "../platform/timeouts.ts";
-import { withServerSpan } from "../platform/tracing.ts";
+import type { ServerTimeouts } from "../platform/timeouts.ts";
 import { approvePermit2 } from "./approvals.ts";
 import { walletBalances } from "./balances.ts";
 import type { ChainAccess } from "./chain.ts";
@@ -22,7 +22,6 @@ import type { Rotator } from "./rotation.ts";
 import { MasterKeyRetiredError, type CreateWalletInput, type Wallet, type WalletStore } from "./store.ts";
 import { createApiKeyBody, createPlatformBody, createWalletBody, parseBody, parseFetchRequest, parseNetworkQuery, parsePage, parsePayRequest, permit2ApprovalBody } from "./wire.ts";
 import type { Caip2 } from "../x402/networks.ts";
-import { acceptJsonBodies } from "../platform/http.ts";
 
 export const DEFAULT_WALLETS_BODY_LIMIT = 2 * 1024 * 1024;
 export const DEFAULT_MAX_AUTHORIZATION_SECONDS = 3600;
@@ -51,79 +50,26 @@ const WALLET_ID = /^wal_[0-9a-f]{24}$/;
 const PLATFORM_ID = /^plt_[0-9a-f]{16}$/;
 const KEY_ID = /^[0-9a-f]{16}$/;
 
-function sendError(reply: FastifyReply, err: WalletError) {
-  return reply.code(err.status).headers(err.headers).type("application/json").send(err.body());
-}
-
-/** Database failures (connection lost, server errors) are the service being unavailable, not a bug. */
-function isDatabaseError(e: { code?: unknown; severity?: unknown; name?: string }): boolean {
-  return typeof e.severity === "string" || (typeof e.code === "string" && (/^[0-9A-Z]{5}$/.test(e.code) || ["ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "EPIPE"].includes(e.code)));
-}
-
-function toWalletError(error: unknown): WalletError | undefined {
-  if (error instanceof WalletError) return error;
-  const e = error as { code?: string; statusCode?: number; message?: string; severity?: string };
-  switch (e?.code) {
-    case "FST_ERR_CTP_BODY_TOO_LARGE":
-      return new WalletError("payload_too_large", e.message ?? "request body is too large");
-    case "FST_ERR_CTP_INVALID_MEDIA_TYPE":
-      return new WalletError("unsupported_media_type", "send the body as application/json");
-    case "FST_ERR_CTP_INVALID_CONTENT_LENGTH":
-      return new WalletError("invalid_request", "content-length does not match the body");
-  }
-  if (e?.statusCode === 413) return new WalletError("payload_too_large", e.message ?? "request body is too large");
-  if (e?.statusCode && e.statusCode >= 400 && e.statusCode < 500) return new WalletError("invalid_request", e.message ?? "bad request");
-  if (e && isDatabaseError(e)) return new WalletError("backend_unavailable", "the wallet store is unavailable; try again");
-  return undefined;
-}
-
 export function walletView(w: Wallet) {
   return { id: w.id, address: w.address, label: w.label, agentId: w.agentId, policy: w.policy, policyVersion: w.policyVersion, createdAt: w.createdAt, updatedAt: w.updatedAt };
 }
 
 export function createWalletsApp(opts: WalletsAppOptions): FastifyInstance {
-  const bodyLimit = opts.bodyLimit ?? DEFAULT_WALLETS_BODY_LIMIT;
-  const now = opts.now ?? Date.now;
-  const { store, keyring } = opts;
   const deps: PaymentsDeps = {
-    store,
-    keyring,
+    store: opts.store,
+    keyring: opts.keyring,
     chain: opts.chain,
     metrics: opts.metrics,
     logger: opts.logger,
-    now,
+    now: opts.now ?? Date.now,
     maxAuthorizationSeconds: opts.maxAuthorizationSeconds ?? DEFAULT_MAX_AUTHORIZATION_SECONDS,
   };
+  const endpoints = "see GET /v1/info and docs/wallets.md";
+  return createServiceApp({ ...opts, service: "wallets", bodyLimit: opts.bodyLimit ?? DEFAULT_WALLETS_BODY_LIMIT, endpoints }, (app) => walletRoutes(app, opts, deps));
+}
 
-  const timeouts = resolveServerTimeouts(opts.timeouts, { longestHandlerMs: opts.longestHandlerMs });
-  const app = Fastify({ loggerInstance: opts.logger as FastifyBaseLogger, bodyLimit, return503OnClosing: true, ...serverTimeoutOptions(timeouts) });
-
-  acceptJsonBodies(app, bodyLimit, (detail) => new WalletError("invalid_json", detail));
-
-  app.setErrorHandler((error, request, reply) => {
-    const known = toWalletError(error);
-    if (known) {
-      if (known.code === "backend_unavailable") request.log.error({ err: { message: (error as Error).message?.split("\n")[0], code: (error as { code?: string }).code } }, "wallets storage failed");
-      return sendError(reply, known);
-    }
-    // The kind of failure only: never parameters (they can hold payment data).
-    const e = error as { message?: string; code?: string; name?: string };
-    request.log.error({ err: { name: e?.name, message: e?.message?.split("\n")[0], code: e?.code }, url: request.routeOptions.url ?? "unmatched" }, "wallets request failed");
-    return sendError(reply, new WalletError("internal_error", "the request could not be processed; see the service logs"));
-  });
-
-  const metrics = opts.metrics;
-  if (metrics) {
-    app.addHook("onResponse", async (request, reply) => {
-      const route = request.routeOptions.url ?? "unmatched";
-      metrics.httpRequests.inc({ service: "wallets", route, status: String(reply.statusCode) });
-      metrics.httpDuration.observe({ service: "wallets", route }, reply.elapsedTime / 1000);
-    });
-  }
-
-  app.setNotFoundHandler((request, reply) =>
-    sendError(reply, new WalletError("not_found", `no endpoint ${request.method} ${request.url.split("?")[0]}; see GET /v1/info and docs/wallets.md`)),
-  );
+function walletRoutes(app: FastifyInstance, opts: WalletsAppOptions, deps: PaymentsDeps): void {
+  const { store, keyring, now } = deps;
 
   // ---- authentication
 
@@ -156,32 +102,10 @@ export function createWalletsApp(opts: WalletsAppOptions): FastifyInstance {
     return id;
   };
 
-  type Handler = (request: FastifyRequest, reply: FastifyReply) => Promise<unknown>;
-  /** One server span per request, continuing the caller's trace; attributes stay bounded (no ids, no amounts). */
-  const traced =
-    (name: string, handler: Handler): Handler =>
-    (request, reply) =>
-      withServerSpan(`wallets ${request.method} ${name}`, request.headers, { "x402.service": "wallets" }, async (span) => {
-        try {
-          const sent = await handler(request, reply);
-          span.setAttribute("http.response.status_code", reply.statusCode);
-          return sent;
-        } catch (e) {
-          span.setAttribute("http.response.status_code", e instanceof WalletError ? e.status : 500);
-          throw e;
-        }
-      });
   const platformRoute = (method: "GET" | "POST" | "PUT" | "DELETE", url: string, handler: (caller: Caller, request: FastifyRequest, reply: FastifyReply) => Promise<unknown>) =>
-    app.route({ method, url, handler: traced(url, async (request, reply) => handler(await platformCaller(request), request, reply)) });
+    app.route({ method, url, handler: async (request, reply) => handler(await platformCaller(request), request, reply) });
   const adminRoute = (method: "GET" | "POST" | "DELETE", url: string, handler: (request: FastifyRequest, reply: FastifyReply) => Promise<unknown>) =>
-    app.route({
-      method,
-      url,
-      handler: traced(url, async (request, reply) => {
-        requireAdmin(request);
-        return handler(request, reply);
-      }),
-    });
+    app.route({ method, url, handler: async (request, reply) => (requireAdmin(request), handler(request, reply)) });
 
   // ---- public
 
@@ -268,12 +192,17 @@ export function createWalletsApp(opts: WalletsAppOptions): FastifyInstance {
     return { walletId: id, version: wallet.policyVersion, policy: wallet.policy };
   });
 
-  platformRoute("GET", "/v1/wallets/:walletId/policy/history", async (caller, request) => {
-    const id = walletIdOf(request);
-    const page = await store.policyHistory(caller.platformId, id, parsePage(request.query));
-    if (!page) throw new WalletError("not_found", `no wallet ${id}`);
-    return { walletId: id, changes: page.items, next: page.next };
-  });
+  // A wallet's records a page at a time: its policy changes and its signatures.
+  type Lister = (platformId: string, walletId: string, page: ReturnType<typeof parsePage>) => Promise<{ items: unknown[]; next: unknown } | undefined>;
+  const pageRoute = (path: string, field: string, list: Lister) =>
+    platformRoute("GET", `/v1/wallets/:walletId/${path}`, async (caller, request) => {
+      const id = walletIdOf(request);
+      const page = await list(caller.platformId, id, parsePage(request.query));
+      if (!page) throw new WalletError("not_found", `no wallet ${id}`);
+      return { walletId: id, [field]: page.items, next: page.next };
+    });
+  pageRoute("policy/history", "changes", (p, w, page) => store.policyHistory(p, w, page));
+  pageRoute("signatures", "signatures", (p, w, page) => store.signatures(p, w, page));
 
   platformRoute("POST", "/v1/wallets/:walletId/pay", async (caller, request) => {
     const id = walletIdOf(request);
@@ -283,13 +212,6 @@ export function createWalletsApp(opts: WalletsAppOptions): FastifyInstance {
   platformRoute("POST", "/v1/wallets/:walletId/fetch", async (caller, request) => {
     const id = walletIdOf(request);
     return opts.fetcher.fetchAndPay(deps, caller, id, parseFetchRequest(request.body));
-  });
-
-  platformRoute("GET", "/v1/wallets/:walletId/signatures", async (caller, request) => {
-    const id = walletIdOf(request);
-    const page = await store.signatures(caller.platformId, id, parsePage(request.query));
-    if (!page) throw new WalletError("not_found", `no wallet ${id}`);
-    return { walletId: id, signatures: page.items, next: page.next };
   });
 
   platformRoute("POST", "/v1/wallets/:walletId/permit2-approval", async (caller, request) => {
@@ -345,31 +267,4 @@ export function createWalletsApp(opts: WalletsAppOptions): FastifyInstance {
     const result = await opts.rotator.rewrapAll();
     return { reloaded: reload.changed, ...result, ...(await opts.rotator.status()) };
   });
-
-  // ---- 405 on known paths
-  const methodNotAllowed = (allow: string) => async (request: FastifyRequest, reply: FastifyReply) =>
-    sendError(reply, new WalletError("method_not_allowed", `${request.method} is not allowed on ${request.url.split("?")[0]}; use ${allow}`, { allow }));
-  const others = (used: string[]) => (["GET", "POST", "PUT", "DELETE", "PATCH"] as const).filter((m) => !used.includes(m));
-  for (const [url, used] of [
-    ["/v1/info", ["GET"]],
-    ["/v1/platform", ["GET"]],
-    ["/v1/wallets", ["GET", "POST"]],
-    ["/v1/wallets/:walletId", ["GET"]],
-    ["/v1/wallets/:walletId/balances", ["GET"]],
-    ["/v1/wallets/:walletId/policy", ["GET", "PUT"]],
-    ["/v1/wallets/:walletId/policy/history", ["GET"]],
-    ["/v1/wallets/:walletId/pay", ["POST"]],
-    ["/v1/wallets/:walletId/fetch", ["POST"]],
-    ["/v1/wallets/:walletId/signatures", ["GET"]],
-    ["/v1/wallets/:walletId/permit2-approval", ["POST"]],
-    ["/v1/admin/platforms", ["GET", "POST"]],
-    ["/v1/admin/platforms/:platformId/api-keys", ["GET", "POST"]],
-    ["/v1/admin/platforms/:platformId/api-keys/:keyId", ["DELETE"]],
-    ["/v1/admin/master-keys", ["GET"]],
-    ["/v1/admin/master-keys/rotate", ["POST"]],
-  ] as [string, string[]][]) {
-    app.route({ method: others(used), url, handler: methodNotAllowed(used.join(", ")) });
-  }
-
-  return app;
 }
