@@ -4,6 +4,7 @@ import { readFileSync } from "node:fs";
 import { bytesToHex, getAddress } from "viem";
 import { mnemonicToAccount, privateKeyToAccount } from "viem/accounts";
 import { z } from "zod";
+import { number } from "../platform/flags.ts";
 import { CAIP2_PATTERN, networkInfo, type AssetInfo, type Caip2 } from "../x402/networks.ts";
 import { SCHEMES, type Scheme } from "../x402/wire.ts";
 import { DEFAULT_BASE_FEE_MULTIPLIER, createGasPolicy, parseGasCeilings, type GasPolicy, type TransactionKind } from "./settlement/gas-policy.ts";
@@ -152,51 +153,52 @@ export function parseSignerKeys(text: string): `0x${string}`[] {
   return keys as `0x${string}`[];
 }
 
-const num = (v: string | undefined) => (v ? Number(v) : undefined);
 const list = (v: string | undefined) => (v ? v.split(",").map((s) => s.trim()).filter(Boolean) : undefined);
 
 export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorConfigInput {
+  // A number that is not one is refused naming its variable; ranges are the schema's.
+  const num = (name: string) => number(name, env[name]);
   return {
     network: env.X402_NETWORK,
     rpcUrls: list(env.X402_RPC_URLS),
     signerKeyFile: env.X402_SIGNER_KEY_FILE,
     signerMnemonicFile: env.X402_SIGNER_MNEMONIC_FILE,
-    signerCount: env.X402_SIGNER_COUNT ? Number(env.X402_SIGNER_COUNT) : undefined,
+    signerCount: num("X402_SIGNER_COUNT"),
     databaseUrl: env.DATABASE_URL || undefined,
     dataDir: env.X402_DATA_DIR,
-    confirmations: env.X402_CONFIRMATIONS ? Number(env.X402_CONFIRMATIONS) : undefined,
+    confirmations: num("X402_CONFIRMATIONS"),
     maxFeePerGasWei: env.X402_MAX_FEE_PER_GAS_WEI,
-    replaceAfterMs: env.X402_REPLACE_AFTER_MS ? Number(env.X402_REPLACE_AFTER_MS) : undefined,
+    replaceAfterMs: num("X402_REPLACE_AFTER_MS"),
     uptoFacilitatorAddress: env.X402_UPTO_FACILITATOR_ADDRESS,
     receiverAuthorizerKeyFile: env.X402_RECEIVER_AUTHORIZER_KEY_FILE,
     receiverCredentialsFile: env.X402_RECEIVER_CREDENTIALS_FILE,
     denyListFile: env.X402_DENY_LIST_FILE || undefined,
     eip6492Factories: list(env.X402_EIP6492_FACTORIES),
     screeningUrl: env.X402_SCREENING_URL || undefined,
-    screeningTimeoutMs: num(env.X402_SCREENING_TIMEOUT_MS),
+    screeningTimeoutMs: num("X402_SCREENING_TIMEOUT_MS"),
     screeningFailure: (env.X402_SCREENING_FAILURE || undefined) as "closed" | "open" | undefined,
-    screeningCacheMs: num(env.X402_SCREENING_CACHE_MS),
+    screeningCacheMs: num("X402_SCREENING_CACHE_MS"),
     screeningTokenFile: env.X402_SCREENING_TOKEN_FILE || undefined,
     erc20ApprovalSponsoring: (env.X402_ERC20_APPROVAL_SPONSORING || undefined) as "on" | "off" | undefined,
-    erc20ApprovalMaxGas: num(env.X402_ERC20_APPROVAL_MAX_GAS),
+    erc20ApprovalMaxGas: num("X402_ERC20_APPROVAL_MAX_GAS"),
     erc20ApprovalMaxFundingWei: env.X402_ERC20_APPROVAL_MAX_FUNDING_WEI || undefined,
     erc20ApprovalDailyFundingWei: env.X402_ERC20_APPROVAL_DAILY_FUNDING_WEI || undefined,
     allowedAssets: list(env.X402_ASSETS),
     schemes: list(env.X402_SCHEMES) as Scheme[] | undefined,
     host: env.HOST,
-    port: env.PORT ? Number(env.PORT) : undefined,
-    adminPort: env.ADMIN_PORT ? Number(env.ADMIN_PORT) : undefined,
+    port: num("PORT"),
+    adminPort: num("ADMIN_PORT"),
     minSignerBalanceWei: env.X402_MIN_SIGNER_BALANCE_WEI,
-    balanceRefreshMs: num(env.X402_BALANCE_REFRESH_MS),
+    balanceRefreshMs: num("X402_BALANCE_REFRESH_MS"),
     gasCeilings: env.X402_GAS_CEILINGS,
     defaultGasCeiling: env.X402_GAS_CEILING_DEFAULT,
-    feeCapBaseFeeMultiplier: num(env.X402_FEE_CAP_BASE_FEE_MULTIPLIER),
-    maxFeeBumps: num(env.X402_MAX_FEE_BUMPS),
-    receiptPollMs: num(env.X402_RECEIPT_POLL_MS),
-    receiptPollMaxMs: num(env.X402_RECEIPT_POLL_MAX_MS),
-    receiptPollBudget: num(env.X402_RECEIPT_POLL_BUDGET),
-    receiptTimeoutMs: env.X402_RECEIPT_TIMEOUT_MS ? Number(env.X402_RECEIPT_TIMEOUT_MS) : undefined,
-    rpcTimeoutMs: env.X402_RPC_TIMEOUT_MS ? Number(env.X402_RPC_TIMEOUT_MS) : undefined,
+    feeCapBaseFeeMultiplier: num("X402_FEE_CAP_BASE_FEE_MULTIPLIER"),
+    maxFeeBumps: num("X402_MAX_FEE_BUMPS"),
+    receiptPollMs: num("X402_RECEIPT_POLL_MS"),
+    receiptPollMaxMs: num("X402_RECEIPT_POLL_MAX_MS"),
+    receiptPollBudget: num("X402_RECEIPT_POLL_BUDGET"),
+    receiptTimeoutMs: num("X402_RECEIPT_TIMEOUT_MS"),
+    rpcTimeoutMs: num("X402_RPC_TIMEOUT_MS"),
     policy: env.X402_POLICY ? parsePolicyEnv(env.X402_POLICY) : undefined,
   };
 }
