@@ -1,21 +1,13 @@
-// `x402-fleet operator`: configuration from flags and environment, the Kubernetes connection
-// (in-cluster service account, or KUBECONFIG / ~/.kube/config), the admin port, and the process
-// lifecycle: SIGTERM stops gracefully (the CLI's handler); a lost Lease exits non-zero so the
-// pod restarts as a candidate.
+// `x402-fleet operator`: the Kubernetes connection (in-cluster service account, or KUBECONFIG /
+// ~/.kube/config), the admin port, and the process lifecycle: SIGTERM stops gracefully (the CLI's
+// handler); a lost Lease exits non-zero so the pod restarts as a candidate. config.ts checks the flags.
 import { existsSync, readFileSync } from "node:fs";
 import { KubeConfig } from "@kubernetes/client-node";
 import { startAdminServer } from "../services/platform/admin.ts";
 import { createLogger } from "../services/platform/logger.ts";
 import { createMetrics } from "../services/platform/metrics.ts";
+import type { OperatorOptions } from "./config.ts";
 import { startOperator } from "./operator.ts";
-
-export interface OperatorFlags {
-  namespace?: string;
-  watchNamespace?: string;
-  facilitatorImage?: string;
-  host?: string;
-  adminPort?: string;
-}
 
 const SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
@@ -26,19 +18,18 @@ export function operatorNamespace(flag: string | undefined, env: NodeJS.ProcessE
   return "x402-system";
 }
 
-export async function runOperatorCommand(flags: OperatorFlags, env: NodeJS.ProcessEnv = process.env): Promise<{ close(): Promise<void> }> {
+export async function runOperatorCommand(options: OperatorOptions, env: NodeJS.ProcessEnv = process.env): Promise<{ close(): Promise<void> }> {
   const logger = createLogger("operator");
-  const facilitatorImage = flags.facilitatorImage ?? env.X402_FACILITATOR_IMAGE;
-  if (!facilitatorImage) throw new Error("operator: --facilitator-image (or X402_FACILITATOR_IMAGE) is required");
+  const { facilitatorImage } = options;
   const kubeConfig = new KubeConfig();
   kubeConfig.loadFromDefault();
   const metrics = createMetrics("operator");
-  const namespace = operatorNamespace(flags.namespace, env);
+  const namespace = operatorNamespace(options.namespace, env);
   const leaderElection = env.X402_LEADER_ELECTION === "false" ? false : { leaseName: env.X402_LEASE_NAME || undefined };
   const operator = await startOperator({
     kubeConfig,
     namespace,
-    watchNamespace: flags.watchNamespace ?? (env.X402_WATCH_NAMESPACE || undefined),
+    watchNamespace: options.watchNamespace,
     facilitatorImage,
     routingConfigMap: env.X402_ROUTING_CONFIGMAP || undefined,
     clusterDomain: env.X402_CLUSTER_DOMAIN || undefined,
@@ -48,8 +39,8 @@ export async function runOperatorCommand(flags: OperatorFlags, env: NodeJS.Proce
     logger,
   });
   const admin = await startAdminServer({
-    host: flags.host ?? env.HOST ?? "0.0.0.0",
-    port: Number(flags.adminPort ?? env.ADMIN_PORT ?? 9422),
+    host: options.host,
+    port: options.adminPort,
     registry: metrics.registry,
     // a follower is ready (it waits for the Lease); a leader once its caches are synced
     checks: [{ name: "caches_synced", check: async () => !operator.isLeader() || operator.synced() }],

@@ -1,5 +1,6 @@
 // `x402-fleet api-key-*`: manage the routers' API keys in their shared database (DATABASE_URL).
 // A new or rotated key is printed once; only its hash is stored.
+import { defineCommand, stringFlags, type Command, type FlagSpec } from "../platform/flags.ts";
 import { openDatabase } from "../platform/storage.ts";
 import { CAIP2_PATTERN } from "../x402/networks.ts";
 import { API_KEY_MIGRATIONS, createApiKeyStore, type ApiKeyInfo, type KeyLimits } from "./api-keys.ts";
@@ -60,19 +61,23 @@ const describe = (k: ApiKeyInfo) =>
   `${k.id}  ${k.name}  networks=${k.networks.join(",") || "*"}  schemes=${k.schemes.join(",") || "*"}  requests/min=${k.requestsPerMinute ?? "*"}  settlements/day=${k.settlementsPerDay ?? "*"}${Object.keys(k.gasBudgets).length ? `  gas/day=${Object.entries(k.gasBudgets).sort(([x], [y]) => x.localeCompare(y)).map(([n, w]) => `${n}=${w}`).join(",")}` : ""}  created=${k.createdAt}${k.rotatedAt ? `  rotated=${k.rotatedAt}` : ""}${k.revokedAt ? `  REVOKED=${k.revokedAt}` : ""}`;
 
 export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env: NodeJS.ProcessEnv): Promise<string> {
-  if (!env.DATABASE_URL) throw new Error(`${command}: DATABASE_URL (the routers' PostgreSQL database) is required`);
   const needId = () => {
     if (!flags.id || !/^[0-9a-f]{16}$/.test(flags.id)) throw new Error(`${command}: --id <16 hex characters> is required (api-key-list shows the ids)`);
     return flags.id;
   };
+  // Values first: a typo is refused before the database is opened.
+  if (flags.id !== undefined || ["api-key-limits", "api-key-rotate", "api-key-revoke"].includes(command)) needId();
+  limitsOf(flags);
+  if (flags.since !== undefined && !/^\d{4}-\d{2}-\d{2}$/.test(flags.since)) throw new Error("api-key-usage: --since is a UTC day, YYYY-MM-DD");
+  const networks = list(flags.networks, "network (eip155:<chain id>)", (s) => CAIP2_PATTERN.test(s));
+  const schemes = list(flags.schemes, `scheme (${SCHEMES.join(", ")})`, (s) => SCHEMES.includes(s));
+  if (!env.DATABASE_URL) throw new Error(`${command}: DATABASE_URL (the routers' PostgreSQL database) is required`);
   const db = await openDatabase({ url: env.DATABASE_URL, migrations: API_KEY_MIGRATIONS });
   try {
     const store = createApiKeyStore(db, { cacheMs: 0 });
     switch (command) {
       case "api-key-create": {
         if (!flags.name?.trim()) throw new Error("api-key-create: --name is required (who the key is for)");
-        const networks = list(flags.networks, "network (eip155:<chain id>)", (s) => CAIP2_PATTERN.test(s));
-        const schemes = list(flags.schemes, `scheme (${SCHEMES.join(", ")})`, (s) => SCHEMES.includes(s));
         const { key, info } = await store.create(flags.name.trim(), { networks, schemes, ...limitsOf(flags) });
         return `${describe(info)}\nkey (shown once, store it now): ${key}\n`;
       }
@@ -85,8 +90,6 @@ export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env:
         return `${describe(updated)}\n`;
       }
       case "api-key-usage": {
-        if (flags.since !== undefined && !/^\d{4}-\d{2}-\d{2}$/.test(flags.since)) throw new Error("api-key-usage: --since is a UTC day, YYYY-MM-DD");
-        if (flags.id !== undefined) needId();
         const rows = await store.usage({ keyId: flags.id, since: flags.since });
         const header = "day,key,network,asset,verifies,valid,settles,settled,volume,gas_wei\n";
         return header + rows.map((r) => `${r.day},${r.keyId},${r.network},${r.asset},${r.verifies},${r.valid},${r.settles},${r.settled},${r.volume},${r.gasWei}\n`).join("");
@@ -108,3 +111,51 @@ export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env:
     await db.close();
   }
 }
+
+const ID = stringFlags("id");
+const LIMITS = stringFlags("requests-per-minute", "settlements-per-day", "gas-budget");
+const ENV = "env: DATABASE_URL (the routers' PostgreSQL database; required)\n";
+
+function apiKeyCli(name: string, summary: string, usage: string, flags: FlagSpec): Command {
+  return defineCommand({
+    name,
+    summary,
+    help: `x402-fleet ${name}: ${summary}\n${usage}${ENV}`,
+    flags,
+    run: async (f, env) => {
+      const text = await runApiKeyCommand(name, { name: f.name, networks: f.networks, schemes: f.schemes, id: f.id, requestsPerMinute: f["requests-per-minute"], settlementsPerDay: f["settlements-per-day"], gasBudget: f["gas-budget"], since: f.since }, env);
+      process.stdout.write(text);
+    },
+  });
+}
+
+export const apiKeyClis: Command[] = [
+  apiKeyCli(
+    "api-key-create",
+    "a key for a resource server (printed once; stored hashed)",
+    `  --name NAME [--networks eip155:8453,eip155:56] [--schemes exact,upto]
+  [--requests-per-minute N] [--settlements-per-day N]   (enforced across router replicas)
+  [--gas-budget eip155:8453=WEI,eip155:56=WEI]   (gas per network per UTC day, checked before signing)
+`,
+    { ...stringFlags("name", "networks", "schemes"), ...LIMITS },
+  ),
+  apiKeyCli(
+    "api-key-limits",
+    "change a key's limits",
+    `  --id ID [--requests-per-minute N|none] [--settlements-per-day N|none]
+  [--gas-budget NETWORK=WEI|none,...]   (the networks named change, the others stay)
+`,
+    { ...ID, ...LIMITS },
+  ),
+  apiKeyCli(
+    "api-key-usage",
+    "usage for billing as CSV",
+    `  [--id ID] [--since YYYY-MM-DD]   per UTC day, key, network and asset: verifies, valid, settles, settled,
+  volume (atomic units), gas_wei
+`,
+    stringFlags("id", "since"),
+  ),
+  apiKeyCli("api-key-list", "the keys: id, name, scope, created/rotated/revoked (never a secret)", "", {}),
+  apiKeyCli("api-key-rotate", "a new secret for a key (the old one stops working; printed once)", "  --id ID\n", ID),
+  apiKeyCli("api-key-revoke", "revoke a key", "  --id ID\n", ID),
+];

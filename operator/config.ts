@@ -1,0 +1,43 @@
+// `x402-fleet operator`: flags and environment → options, checked before main.ts loads the
+// Kubernetes client and connects to anything.
+import { flagOrEnv, port, serviceCommand, stringFlags, type FlagValues } from "../services/platform/flags.ts";
+
+const FLAGS = stringFlags("namespace", "watch-namespace", "facilitator-image", "host", "admin-port");
+
+export interface OperatorOptions {
+  /** Unset: POD_NAMESPACE, else the service account's, else x402-system (main.ts). */
+  namespace?: string;
+  watchNamespace?: string;
+  facilitatorImage: string;
+  host: string;
+  adminPort: number;
+}
+
+export function operatorOptionsFrom(flags: FlagValues<typeof FLAGS>, env: NodeJS.ProcessEnv): OperatorOptions {
+  const adminPort = port(...flagOrEnv("--admin-port", flags["admin-port"], env, "ADMIN_PORT")) ?? 9422;
+  const facilitatorImage = flags["facilitator-image"] ?? env.X402_FACILITATOR_IMAGE;
+  if (!facilitatorImage) throw new Error("operator: --facilitator-image (or X402_FACILITATOR_IMAGE) is required");
+  return {
+    namespace: flags.namespace,
+    watchNamespace: flags["watch-namespace"] ?? (env.X402_WATCH_NAMESPACE || undefined),
+    facilitatorImage,
+    host: flags.host ?? env.HOST ?? "0.0.0.0",
+    adminPort,
+  };
+}
+
+export const operatorCli = serviceCommand({
+  name: "operator",
+  summary: "reconcile FacilitatorNetwork resources into facilitator pod sets and the routing table",
+  help: `x402-fleet operator: reconcile FacilitatorNetwork resources into facilitator pod sets and the routing table
+  --facilitator-image IMAGE   (env X402_FACILITATOR_IMAGE; required)
+  [--namespace x402-system]   (env POD_NAMESPACE, else the service account's)
+  [--watch-namespace NS]   (env X402_WATCH_NAMESPACE; default: every namespace)
+  --admin-port 9422 --host 0.0.0.0   (env ADMIN_PORT, HOST)
+env: X402_ROUTING_CONFIGMAP, X402_CLUSTER_DOMAIN, X402_LEADER_ELECTION=false, X402_LEASE_NAME, POD_NAME,
+  X402_OPERATOR_ALLOW_PRIVATE_RPC=true, KUBECONFIG (docs/operator.md)
+`,
+  flags: FLAGS,
+  optionsFrom: operatorOptionsFrom,
+  start: async (options, env) => (await import("./main.ts")).runOperatorCommand(options, env),
+});

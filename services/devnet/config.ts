@@ -1,0 +1,68 @@
+// `x402-fleet devnet` and `x402-fleet pay`: their flags, checked by name before anything starts.
+// Kept apart from devnet.ts, which loads every service.
+import { defineCommand, flagOrEnv, list, oneOf, port, serviceCommand, stringFlags, type FlagValues } from "../platform/flags.ts";
+import { NETWORKS, type Caip2 } from "../x402/networks.ts";
+import type { DevnetOptions } from "./devnet.ts";
+import type { PayOptions } from "./pay.ts";
+
+const FLAGS = { ...stringFlags("networks", "port", "host", "state-dir"), "block-times": { type: "boolean" } } as const;
+
+const DEVNET_NETWORKS = NETWORKS.map((n) => n.network);
+
+export function devnetOptionsFrom(flags: FlagValues<typeof FLAGS>, env: NodeJS.ProcessEnv): DevnetOptions {
+  return {
+    networks: list(flags.networks)?.map((n) => oneOf("--networks", n, DEVNET_NETWORKS) as Caip2),
+    port: port(...flagOrEnv("--port", flags.port, env, "PORT")),
+    host: flags.host,
+    stateDir: flags["state-dir"],
+    blockTimes: flags["block-times"],
+  };
+}
+
+export const devnetCli = serviceCommand({
+  name: "devnet",
+  summary: "run the whole system on local anvil chains (the embedded default)",
+  help: `x402-fleet devnet: run the whole system on local anvil chains (the embedded default)
+  --networks eip155:8453,eip155:56   (default: every devnet network)
+  --port 4020   (env PORT; the router's: hub +10, wallets +20, admin ports +100; 0 picks free ports)
+  --host 127.0.0.1 --state-dir .devnet
+  [--block-times]   mine at each chain's block time and settle at its confirmations
+env: LOG_LEVEL (default warn)
+`,
+  flags: FLAGS,
+  optionsFrom: devnetOptionsFrom,
+  start: async (options, env) => {
+    const { startDevnet, devnetGuide } = await import("./devnet.ts");
+    const { createLogger } = await import("../platform/logger.ts");
+    const devnet = await startDevnet({ ...options, logger: createLogger("devnet", env.LOG_LEVEL ?? "warn") });
+    process.stdout.write(devnetGuide(devnet.info, devnet.infoPath));
+    return { close: devnet.stop };
+  },
+});
+
+const PAY_FLAGS = { ...stringFlags("network", "amount", "method", "state-dir"), "body-only": { type: "boolean" } } as const;
+
+export function payOptionsFrom(flags: FlagValues<typeof PAY_FLAGS>): PayOptions {
+  return {
+    infoPath: `${flags["state-dir"] ?? ".devnet"}/devnet.json`,
+    network: oneOf("--network", flags.network, DEVNET_NETWORKS) ?? "eip155:8453",
+    amount: flags.amount ?? "10000",
+    method: oneOf("--method", flags.method, ["eip3009", "permit2"] as const),
+    bodyOnly: flags["body-only"],
+  };
+}
+
+export const payCli = defineCommand({
+  name: "pay",
+  summary: "sign, verify and settle an example payment on a running devnet",
+  help: `x402-fleet pay: sign, verify and settle an example payment on a running devnet
+  --network eip155:8453 --amount 10000 [--method eip3009|permit2] [--state-dir .devnet]
+  [--body-only]   print the signed request body for curl instead of sending it
+`,
+  flags: PAY_FLAGS,
+  run: async (flags) => {
+    const options = payOptionsFrom(flags);
+    const { payOnDevnet } = await import("./pay.ts");
+    await payOnDevnet(options);
+  },
+});

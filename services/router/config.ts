@@ -1,0 +1,45 @@
+// `x402-fleet router`: flags and environment → RouterConfig, every value checked before anything
+// starts (the service itself trusts its config).
+import { flagOrEnv, port, serviceCommand, stringFlags, type FlagValues } from "../platform/flags.ts";
+import type { RouterConfig } from "./service.ts";
+
+const FLAGS = stringFlags("routing-table", "host", "port", "admin-port");
+
+export function routerOptionsFrom(flags: FlagValues<typeof FLAGS>, env: NodeJS.ProcessEnv): RouterConfig {
+  const listen = {
+    port: port(...flagOrEnv("--port", flags.port, env, "PORT")) ?? 4020,
+    adminPort: port(...flagOrEnv("--admin-port", flags["admin-port"], env, "ADMIN_PORT")),
+  };
+  const routingTablePath = flags["routing-table"] ?? env.X402_ROUTING_TABLE;
+  if (!routingTablePath) throw new Error("router: --routing-table (or X402_ROUTING_TABLE) is required");
+  const apiKeys = env.X402_ROUTER_API_KEYS === "required";
+  const discovery = env.X402_ROUTER_DISCOVERY === "on";
+  // The replicas share keys, quotas and the catalog: an embedded engine would split them.
+  if (apiKeys && !env.DATABASE_URL) throw new Error("router: X402_ROUTER_API_KEYS=required needs DATABASE_URL (the PostgreSQL database the replicas share)");
+  if (discovery && !env.DATABASE_URL) throw new Error("router: X402_ROUTER_DISCOVERY=on needs DATABASE_URL (the PostgreSQL database the replicas share)");
+  return {
+    databaseUrl: env.DATABASE_URL,
+    apiKeys,
+    discovery,
+    adminTokenFile: env.X402_ROUTER_ADMIN_TOKEN_FILE || undefined,
+    routingTablePath,
+    host: flags.host ?? env.HOST ?? "127.0.0.1",
+    ...listen,
+  };
+}
+
+export const routerCli = serviceCommand({
+  name: "router",
+  summary: "the public /v2 edge",
+  help: `x402-fleet router: the public /v2 edge
+  --routing-table FILE   (env X402_ROUTING_TABLE; required)
+  --port 4020 --admin-port 9420 --host 127.0.0.1   (env PORT, ADMIN_PORT, HOST)
+env: OTEL_EXPORTER_OTLP_ENDPOINT,
+  X402_ROUTER_API_KEYS=required with DATABASE_URL: /verify and /settle need an API key,
+  X402_ROUTER_DISCOVERY=on with DATABASE_URL: the bazaar catalog at /v2/discovery/*,
+  X402_ROUTER_ADMIN_TOKEN_FILE: the key admin API at /admin/v1/* on the admin port
+`,
+  flags: FLAGS,
+  optionsFrom: routerOptionsFrom,
+  start: async (config) => (await import("./service.ts")).startRouterService(config),
+});
