@@ -10,6 +10,7 @@ import { fetch as undiciFetch } from "undici";
 import { decodePaymentResponseHeader } from "@x402/core/http";
 import { createEgress, DESTINATION_NOT_ALLOWED, literalDestinationProblem } from "../platform/egress.ts";
 import { WalletError } from "./errors.ts";
+import { ownedWallet } from "./owned.ts";
 import { payFor, type Caller, type PaymentsDeps, type PayResult } from "./payments.ts";
 import type { SignatureOutcome, SignatureRecord } from "./store.ts";
 import { decodePaymentRequired, type FetchRequest } from "./wire.ts";
@@ -107,7 +108,7 @@ export function createFetcher(opts: FetchOptions): Fetcher {
   return {
     async fetchAndPay(deps, caller, walletId, req) {
       // The wallet must exist (and be the caller's) before anything goes out.
-      if (!(await deps.store.wallet(caller.platformId, walletId))) throw new WalletError("not_found", `no wallet ${walletId}`);
+      await ownedWallet(deps.store, caller, walletId);
       const first = await send(req);
       if (first.response.status !== 402 || !first.paymentRequired) return { response: first.response, paid: false };
       const paymentRequired = decodePaymentRequired(first.paymentRequired);

@@ -8,17 +8,19 @@
 //      signed in the last 24 hours (daily caps hold under concurrency), the first candidate that
 //      passes is signed, and the signature is recorded. A refusal rolls back: nothing signed, nothing recorded.
 import { randomBytes } from "node:crypto";
-import { keccak256, type Address } from "viem";
+import { keccak256, type Address, type Hex } from "viem";
 import type { PaymentPayload, PaymentRequirements } from "@x402/core/types";
 import type { Logger } from "../platform/logger.ts";
+import type { Queryable } from "../platform/storage.ts";
 import { reasonLabel, type Metrics } from "../platform/metrics.ts";
 import { networkInfo } from "../x402/networks.ts";
 import type { ChainAccess } from "./chain.ts";
 import { WalletError, type WalletErrorCode } from "./errors.ts";
 import type { KeyringSource } from "./keyring.ts";
-import { DAY_MS, evaluate, spendKey, type Candidate, type Decision } from "./policy.ts";
+import { owned, ownedWallet } from "./owned.ts";
+import { DAY_MS, evaluate, spendKey, type Candidate } from "./policy.ts";
 import { signPayment } from "./signer.ts";
-import type { SignatureRecord, WalletStore } from "./store.ts";
+import type { LockedWallet, SignatureOutcome, SignatureRecord, Wallet, WalletStore } from "./store.ts";
 import { unlockWallet } from "./unlock.ts";
 import { resourceHosts, toCandidate, type PayRequest } from "./wire.ts";
 
@@ -110,93 +112,87 @@ function count(deps: PaymentsDeps, c: { network: string; scheme: string } | unde
   });
 }
 
-export async function payFor(deps: PaymentsDeps, caller: Caller, walletId: string, req: PayRequest): Promise<PayResult> {
-  const wallet = await deps.store.wallet(caller.platformId, walletId);
-  if (!wallet) throw new WalletError("not_found", `no wallet ${walletId}`);
-  const { paymentRequired } = req;
-  const hosts = resourceHosts(paymentRequired, req.url);
+type Option = { candidate: Candidate; requirement: PaymentRequirements };
 
-  const verdicts: Verdict[] = [];
-  const options: { candidate: Candidate; requirement: PaymentRequirements }[] = [];
-  for (const r of paymentRequired.accepts) {
+/** What one pay call judges: the resource's hosts, and every refusal so far (the most specific is reported). */
+interface Attempt {
+  req: PayRequest;
+  hosts: string[];
+  verdicts: Verdict[];
+}
+
+/** A signature for the log under a new id: the signature itself is kept only as its hash. */
+export function signatureRecord(
+  caller: Caller,
+  walletId: string,
+  what: Omit<SignatureRecord, "id" | "walletId" | "apiKeyId" | "signatureHash" | "createdAt" | "outcome">,
+  signature: Hex,
+  atMs: number,
+  outcome: SignatureOutcome | null = null,
+): SignatureRecord {
+  return { id: `sig_${randomBytes(12).toString("hex")}`, walletId, apiKeyId: caller.apiKeyId, ...what, signatureHash: keccak256(signature), createdAt: new Date(atMs).toISOString(), outcome };
+}
+
+/** Step 1: the requirements the wallet can sign; a verdict for each it cannot. */
+function candidates(a: Attempt): Option[] {
+  const options: Option[] = [];
+  for (const r of a.req.paymentRequired.accepts) {
     const c = toCandidate(r);
     if (c.ok) options.push(c);
-    else verdicts.push({ label: labelOf(r), code: "unsupported_requirement", detail: c.detail });
+    else a.verdicts.push({ label: labelOf(r), code: "unsupported_requirement", detail: c.detail });
   }
+  return options;
+}
 
+/** Step 2: static rules, then the on-chain prerequisites of the first candidate that passes them; the candidates the chain does not rule out. */
+async function precheck(deps: PaymentsDeps, wallet: Wallet, a: Attempt, options: Option[]): Promise<Option[]> {
+  const excluded = new Set<Option>();
+  for (const o of options) {
+    if (!evaluate(wallet.policy, o.candidate, { hosts: a.hosts, nowMs: deps.now(), spentToday: () => 0n }).ok) continue;
+    const unmet = await chainCheck(deps, wallet.address, o.candidate);
+    if (!unmet) break;
+    excluded.add(o);
+    a.verdicts.push({ label: labelOf(o.requirement), ...unmet });
+  }
+  return options.filter((o) => !excluded.has(o));
+}
+
+/** Step 3, holding the wallet's row lock: the policy with the last 24 hours' spend; the first candidate it allows is signed and recorded. */
+async function signUnderLock(deps: PaymentsDeps, caller: Caller, a: Attempt, options: Option[], tx: Queryable, locked: LockedWallet) {
+  const nowMs = deps.now();
+  const spent = await deps.store.spentSince(tx, locked.id, new Date(nowMs - DAY_MS));
+  const ctx = { hosts: a.hosts, nowMs, spentToday: (n: string, asset: string) => spent.get(spendKey(n, asset)) ?? 0n };
+  const chosen = options.find((o) => {
+    const d = evaluate(locked.policy, o.candidate, ctx);
+    if (!d.ok) a.verdicts.push({ label: labelOf(o.requirement), code: d.code, detail: d.detail });
+    return d.ok;
+  });
+  if (!chosen) throw a.verdicts.length === 0 ? new WalletError("unsupported_requirement", "the PaymentRequired lists no requirement") : refusal(a.verdicts);
+  const { paymentRequired } = a.req;
+  const keys = await unlockWallet(deps.keyring, locked);
+  const { candidate: c, requirement } = chosen;
+  const signed = await signPayment({ address: locked.address, candidate: c, requirement, paymentRequired, maxAuthorizationSeconds: deps.maxAuthorizationSeconds, sign: keys.signDigest });
+  const resource = paymentRequired.resource?.url ?? a.req.url?.toString() ?? null;
+  const what = { kind: "payment", scheme: c.scheme, network: c.network, asset: c.asset, amount: c.amount.toString(), payTo: c.payTo, method: c.method, resource, nonce: signed.nonce, validBefore: signed.validBefore } as const;
+  const record = signatureRecord(caller, locked.id, what, signed.signature, nowMs);
+  await deps.store.recordSignature(tx, record);
+  return { signed, record, chosen, address: locked.address };
+}
+
+export async function payFor(deps: PaymentsDeps, caller: Caller, walletId: string, req: PayRequest): Promise<PayResult> {
+  const wallet = await ownedWallet(deps.store, caller, walletId);
+  const attempt: Attempt = { req, hosts: resourceHosts(req.paymentRequired, req.url), verdicts: [] };
+  const options = candidates(attempt);
   try {
-    // Static rules first, then on-chain prerequisites of the first candidate that passes them.
-    const excluded = new Set<Candidate>();
-    const noneSpent = () => 0n;
-    for (const o of options) {
-      const d = evaluate(wallet.policy, o.candidate, { hosts, nowMs: deps.now(), spentToday: noneSpent });
-      if (!d.ok) continue;
-      const unmet = await chainCheck(deps, wallet.address, o.candidate);
-      if (!unmet) break;
-      excluded.add(o.candidate);
-      verdicts.push({ label: labelOf(o.requirement), ...unmet });
-    }
-
-    const result = await deps.store.withLockedWallet(caller.platformId, walletId, async (tx, locked) => {
-      const nowMs = deps.now();
-      const spent = await deps.store.spentSince(tx, walletId, new Date(nowMs - DAY_MS));
-      const ctx = { hosts, nowMs, spentToday: (n: string, a: string) => spent.get(spendKey(n, a)) ?? 0n };
-      let chosen: { candidate: Candidate; requirement: PaymentRequirements } | undefined;
-      for (const o of options) {
-        if (excluded.has(o.candidate)) continue;
-        const d: Decision = evaluate(locked.policy, o.candidate, ctx);
-        if (d.ok) {
-          chosen = o;
-          break;
-        }
-        verdicts.push({ label: labelOf(o.requirement), code: d.code, detail: d.detail });
-      }
-      if (!chosen) {
-        if (verdicts.length === 0) throw new WalletError("unsupported_requirement", "the PaymentRequired lists no requirement");
-        throw refusal(verdicts);
-      }
-      const keys = await unlockWallet(deps.keyring, locked);
-      const signed = await signPayment({
-        address: locked.address,
-        candidate: chosen.candidate,
-        requirement: chosen.requirement,
-        paymentRequired,
-        maxAuthorizationSeconds: deps.maxAuthorizationSeconds,
-        sign: keys.signDigest,
-      });
-      const record: SignatureRecord = {
-        id: `sig_${randomBytes(12).toString("hex")}`,
-        walletId,
-        apiKeyId: caller.apiKeyId,
-        kind: "payment",
-        scheme: chosen.candidate.scheme,
-        network: chosen.candidate.network,
-        asset: chosen.candidate.asset,
-        amount: chosen.candidate.amount.toString(),
-        payTo: chosen.candidate.payTo,
-        method: chosen.candidate.method,
-        resource: paymentRequired.resource?.url ?? req.url?.toString() ?? null,
-        nonce: signed.nonce,
-        validBefore: signed.validBefore,
-        signatureHash: keccak256(signed.signature),
-        createdAt: new Date(nowMs).toISOString(),
-        outcome: null,
-      };
-      await deps.store.recordSignature(tx, record);
-      return { signed, record, chosen, address: locked.address };
-    });
-    if (!result) throw new WalletError("not_found", `no wallet ${walletId}`);
-    count(deps, result.chosen.candidate, "signed", "none");
-    return {
+    const eligible = await precheck(deps, wallet, attempt, options);
+    const result = await owned(
+      deps.store.withLockedWallet(caller.platformId, walletId, (tx, locked) => signUnderLock(deps, caller, attempt, eligible, tx, locked)),
       walletId,
-      address: result.address,
-      paymentSignature: result.signed.header,
-      paymentPayload: result.signed.paymentPayload,
-      accepted: result.chosen.requirement,
-      record: result.record,
-    };
+    );
+    count(deps, result.chosen.candidate, "signed", "none");
+    return { walletId, address: result.address, paymentSignature: result.signed.header, paymentPayload: result.signed.paymentPayload, accepted: result.chosen.requirement, record: result.record };
   } catch (e) {
-    if (e instanceof WalletError) count(deps, paymentRequired.accepts[0], "refused", e.code);
+    if (e instanceof WalletError) count(deps, req.paymentRequired.accepts[0], "refused", e.code);
     throw e;
   }
 }

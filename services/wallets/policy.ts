@@ -147,16 +147,30 @@ export function hostAllowed(patterns: readonly string[], host: string): boolean 
 
 export const spendKey = (network: string, asset: string) => `${network}|${asset.toLowerCase()}`;
 
+const refuse = (code: WalletErrorCode, detail: string): Decision => ({ ok: false, code, detail });
+const expired = (policy: Policy, nowMs: number): Decision | undefined =>
+  policy.expiresAt && Date.parse(policy.expiresAt) <= nowMs ? refuse("policy_expired", `the wallet's policy expired at ${policy.expiresAt}`) : undefined;
+
+/** The network and asset rules: the asset's limits, or the first of them that refuses. */
+function assetLimit(policy: Policy, network: Caip2, asset: Address): Decision {
+  const networks = policy.networks ?? [...new Set(policy.assets.map((a) => a.network))];
+  if (!networks.includes(network)) return refuse("network_not_allowed", `network ${network} is not allowed (allowed: ${networks.join(", ") || "none"})`);
+  const limit = policy.assets.find((a) => a.network === network && a.asset.toLowerCase() === asset.toLowerCase());
+  return limit ? { ok: true, limit } : refuse("asset_not_allowed", `asset ${asset} on ${network} is not in the wallet's policy`);
+}
+
+/** The gate for an asset outside a payment (a Permit2 approval): not expired, network allowed, asset listed; no scheme, recipient, host or cap applies. */
+export const allowsAsset = (policy: Policy, network: Caip2, asset: Address, nowMs: number): Decision => expired(policy, nowMs) ?? assetLimit(policy, network, asset);
+
 /** The policy's verdict on one candidate: the first rule that refuses it, or the asset's limits. */
 export function evaluate(policy: Policy, c: Candidate, ctx: PolicyContext): Decision {
-  const refuse = (code: WalletErrorCode, detail: string): Decision => ({ ok: false, code, detail });
-  if (policy.expiresAt && Date.parse(policy.expiresAt) <= ctx.nowMs) return refuse("policy_expired", `the wallet's policy expired at ${policy.expiresAt}`);
+  const early = expired(policy, ctx.nowMs);
+  if (early) return early;
   const schemes = policy.schemes ?? WALLET_SCHEMES;
   if (!schemes.includes(c.scheme)) return refuse("scheme_not_allowed", `scheme ${c.scheme} is not allowed (allowed: ${schemes.join(", ")})`);
-  const networks = policy.networks ?? [...new Set(policy.assets.map((a) => a.network))];
-  if (!networks.includes(c.network)) return refuse("network_not_allowed", `network ${c.network} is not allowed (allowed: ${networks.join(", ") || "none"})`);
-  const limit = policy.assets.find((a) => a.network === c.network && a.asset.toLowerCase() === c.asset.toLowerCase());
-  if (!limit) return refuse("asset_not_allowed", `asset ${c.asset} on ${c.network} is not in the wallet's policy`);
+  const asset = assetLimit(policy, c.network, c.asset);
+  if (!asset.ok) return asset;
+  const { limit } = asset;
   if (policy.payTo && !policy.payTo.some((p) => p.toLowerCase() === c.payTo.toLowerCase())) return refuse("payto_not_allowed", `payTo ${c.payTo} is not an allowed recipient`);
   if (policy.hosts) {
     if (ctx.hosts.length === 0) return refuse("host_not_allowed", "the payment names no resource URL, and the policy allows only listed hosts");
