@@ -6,6 +6,7 @@ import { openDatabase, migrate, type Database } from "../services/platform/stora
 import { SETTLEMENT_MIGRATIONS, createSettlementStore } from "../services/facilitator/settlement/store.ts";
 import { createSettlementCoordinator } from "../services/facilitator/settlement/coordinator.ts";
 import { settlementContext } from "../services/facilitator/settlement/context.ts";
+import { paymentIdentity } from "../services/facilitator/settlement/payment-id.ts";
 import type { ChainClient } from "../services/facilitator/chain.ts";
 
 let db: Database;
@@ -228,5 +229,96 @@ describe("settlement coordinator: transactions that prepare a payment", () => {
     });
     expect(runs).toBe(1);
     expect(retry).toMatchObject({ success: false, errorReason: "invalid_exact_evm_signature" });
+  });
+});
+
+describe("the settlement record: claimed → sent → succeeded | failed", () => {
+  const signer = "0x00000000000000000000000000000000000000A3" as const;
+  const entry = (paymentId: string, claimOwner: string, kind?: string) =>
+    ({ paymentId, claimOwner, signer, to: requirements.asset as `0x${string}`, data: "0x" as const, gas: 21_000n, maxFeePerGas: 1n, maxPriorityFeePerGas: 1n, kind });
+  const stateOf = async (id: string) => (await db.query<{ state: string; response: unknown; lease_until: unknown }>(`SELECT state, response, lease_until FROM settlement_payments WHERE network = $1 AND payment_id = $2`, [network, id]))[0];
+  let hashes = 0;
+  const sign = async () => ({ raw: "0x01" as const, hash: `0x${(++hashes).toString(16).padStart(64, "0")}` as const });
+
+  it("a payment becomes sent in the transaction that stores its first decisive transaction, never before and never without it", async () => {
+    const store = createSettlementStore(db, network);
+    const id = "record-1";
+    expect(await store.claim(id, "d1", "exact", null, {}, "owner-1", 60_000)).toEqual({ claimed: true });
+    // A funding prepares the payment: still claimed, still leased (a crashed run's claim may be taken over).
+    await store.allocateAndStore(entry(id, "owner-1", "gas_funding"), async () => 0, sign);
+    expect(await stateOf(id)).toMatchObject({ state: "claimed", response: null });
+    expect((await stateOf(id))!.lease_until).not.toBeNull();
+    // A signing that fails rolls the whole transaction back: nothing stored, still claimed.
+    await expect(store.allocateAndStore(entry(id, "owner-1"), async () => 0, async () => { throw new Error("signer down"); })).rejects.toThrow("signer down");
+    expect((await store.outboxForPayment(id)).length).toBe(1);
+    expect((await stateOf(id))!.state).toBe("claimed");
+    // The payment's own transaction: sent, the lease ends, and no other request can take it over or release it.
+    await store.allocateAndStore(entry(id, "owner-1"), async () => 0, sign);
+    expect(await stateOf(id)).toMatchObject({ state: "sent", response: null, lease_until: null });
+    expect(await store.takeOver(id, "d2", {}, "owner-2", 1)).toBe(false);
+    await store.release(id, "owner-1");
+    expect((await stateOf(id))!.state).toBe("sent");
+    // The run may re-send on another nonce (a foreign transaction took its nonce); another owner may not.
+    await store.allocateAndStore(entry(id, "owner-1"), async () => 0, sign);
+    await expect(store.allocateAndStore(entry(id, "owner-2"), async () => 0, sign)).rejects.toThrow(/claim/);
+    expect((await store.outboxForPayment(id)).length).toBe(3);
+  });
+
+  it("the database refuses a final state without its answer, and an answer on a payment in flight", async () => {
+    const store = createSettlementStore(db, network);
+    await store.claim("record-2", "d", "exact", null, {}, "o", 60_000);
+    await expect(db.query(`UPDATE settlement_payments SET state = 'succeeded' WHERE network = $1 AND payment_id = 'record-2'`, [network])).rejects.toThrow(/settlement_payments_answered/);
+    await expect(db.query(`UPDATE settlement_payments SET response = '{}' WHERE network = $1 AND payment_id = 'record-2'`, [network])).rejects.toThrow(/settlement_payments_answered/);
+    await expect(db.query(`UPDATE settlement_payments SET state = 'pending' WHERE network = $1 AND payment_id = 'record-2'`, [network])).rejects.toThrow(/settlement_payments_state_check/);
+  });
+
+  it("a pending answer is built on read: past the bound the record stays sent, with no stored answer", async () => {
+    const store = createSettlementStore(db, network);
+    const never = { getTransactionReceipt: async () => { throw new Error("not mined"); }, getBlockNumber: async () => 1n };
+    const chain = { client: never, pollClient: never } as unknown as ChainClient;
+    const c = createSettlementCoordinator({ store, chain, network, waitBoundMs: 300, confirmations: 1, pollIntervalMs: 20 });
+    const p = payload(`0x${"09".repeat(32)}`);
+    let hash = "";
+    const answer = await c.settle({
+      payload: p,
+      requirements,
+      reusedReason,
+      run: async () => {
+        const ctx = settlementContext.getStore()!;
+        hash = (await store.allocateAndStore(entry(ctx.paymentId, ctx.owner!), async () => 0, sign)).hash;
+        return { success: false, errorReason: "settlement_pending", transaction: hash, network };
+      },
+    });
+    expect(answer).toMatchObject({ success: false, errorReason: "settlement_pending", transaction: hash });
+    expect(await stateOf(paymentIdentity(p, requirements).id)).toMatchObject({ state: "sent", response: null });
+  });
+
+  it("migration 007 carries rows of the old record over: pending and claimed-with-a-transaction become sent, stored pending answers go", async () => {
+    const old = await openDatabase();
+    try {
+      await migrate(old, SETTLEMENT_MIGRATIONS.slice(0, 6));
+      const insert = (id: string, state: string, response: string | null) =>
+        old.query(`INSERT INTO settlement_payments (network, payment_id, scheme, state, owner, response) VALUES ($1, $2, 'exact', $3, 'o', $4)`, [network, id, state, response]);
+      await insert("was-pending", "pending", JSON.stringify({ success: false, errorReason: "settlement_pending" }));
+      await insert("claimed-sent", "claimed", null);
+      await insert("claimed-funded", "claimed", null);
+      await insert("claimed-idle", "claimed", null);
+      await insert("done", "succeeded", JSON.stringify({ success: true }));
+      const tx = (id: string, nonce: number, kind: string | null) =>
+        old.query(`INSERT INTO settlement_outbox (network, payment_id, signer, nonce, to_address, data, gas, max_fee_per_gas, max_priority_fee_per_gas, raw_tx, hash, hashes, state, kind) VALUES ($1, $2, $3, $4, $3, '0x', 1, 1, 1, '0x', '0x', ARRAY['0x'], 'broadcast', $5)`, [network, id, signer, nonce, kind]);
+      await tx("claimed-sent", 1, "eip3009_transfer");
+      await tx("claimed-funded", 2, "gas_funding");
+      await migrate(old, SETTLEMENT_MIGRATIONS);
+      const rows = await old.query<{ payment_id: string; state: string; has_answer: boolean }>(`SELECT payment_id, state, response IS NOT NULL AS has_answer FROM settlement_payments ORDER BY payment_id`);
+      expect(Object.fromEntries(rows.map((r) => [r.payment_id, [r.state, r.has_answer]]))).toEqual({
+        "was-pending": ["sent", false],
+        "claimed-sent": ["sent", false],
+        "claimed-funded": ["claimed", false],
+        "claimed-idle": ["claimed", false],
+        done: ["succeeded", true],
+      });
+    } finally {
+      await old.close();
+    }
   });
 });

@@ -15,13 +15,14 @@ import { extensionsFor } from "../x402/extensions.ts";
 import { checkSchemePayload } from "../x402/payloads.ts";
 import { normalizeRequest, pairKey, type Scheme } from "../x402/wire.ts";
 import type { CallerHeaders } from "../platform/http.ts";
-import { conciseMessage, type Logger } from "../platform/logger.ts";
+import { safeMessage, type Logger } from "../platform/logger.ts";
 import { reasonLabel, type Metrics } from "../platform/metrics.ts";
 import { withSpan } from "../platform/tracing.ts";
 import { watchRpc, type ChainClient } from "./chain.ts";
 import { servingAssetCode, withAssetCode } from "./asset-code.ts";
 import { createFastExactVerifier } from "./fast-exact.ts";
 import { authenticateReceivers, receiversNeedingAuthorizer, type ReceiverCredentials } from "./receiver-auth.ts";
+import { SETTLEMENT_BUSY, SETTLEMENT_PENDING, TRANSACTION_FAILED } from "./settlement/answers.ts";
 import type { SettleJob, SettlementCoordinator } from "./settlement/coordinator.ts";
 import type { OutboxSigner } from "./settlement/outbox-signer.ts";
 import { withDecodedReverts } from "./settlement/reverts.ts";
@@ -240,7 +241,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
                 // A sponsored approval's simulation answers the mechanism with a boolean: its reason is read back here.
                 const verdict: { refusal?: SponsorRefusal } = {};
                 const r = await sponsorVerdict.run(verdict, () => verifyAs(deployment, payload, requirements));
-                if (!r.isValid && verdict.refusal) return { ...r, invalidReason: verdict.refusal.code, invalidMessage: conciseMessage(verdict.refusal.message) };
+                if (!r.isValid && verdict.refusal) return { ...r, invalidReason: verdict.refusal.code, invalidMessage: safeMessage(verdict.refusal.message) };
                 return scrub(r);
               }),
             );
@@ -248,7 +249,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
         else if (failed) r = { isValid: false, invalidReason: RPC_UNAVAILABLE }; // no verdict: answered 503 below
         else {
           opts.logger.warn({ err: errorSummary(error), scheme: requirements.scheme }, "verify failed unexpectedly");
-          r = { isValid: false, invalidReason: "unexpected_verify_error", invalidMessage: conciseMessage(error) };
+          r = { isValid: false, invalidReason: "unexpected_verify_error", invalidMessage: safeMessage(error) };
         }
         span.setAttributes({ "x402.valid": r.isValid, "x402.reason": reasonLabel(r.invalidReason) });
         return r;
@@ -318,11 +319,11 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
               }),
             );
         // Only a refusal with nothing sent becomes a 503: a payment with a transaction is answered by its outcome or settlement_pending.
-        if (value && !(failed && !value.success && value.errorReason !== "settlement_pending" && !value.transaction)) r = scrub(value);
+        if (value && !(failed && !value.success && value.errorReason !== SETTLEMENT_PENDING && !value.transaction)) r = scrub(value);
         else if (failed) r = { success: false, errorReason: RPC_UNAVAILABLE, transaction: "", network: requirements.network };
         else {
           opts.logger.warn({ err: errorSummary(error), scheme: requirements.scheme }, "settle failed unexpectedly");
-          r = { success: false, errorReason: "unexpected_settle_error", errorMessage: conciseMessage(error), transaction: "", network: requirements.network };
+          r = { success: false, errorReason: SETTLEMENT_BUSY, errorMessage: safeMessage(error), transaction: "", network: requirements.network };
         }
         span.setAttributes({ "x402.success": r.success, "x402.reason": reasonLabel(r.errorReason), "x402.transaction": r.transaction });
         return r;
@@ -343,7 +344,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
           .then(([settle, deploy, funding]) => settle + deploy + funding)
           .catch(() => undefined);
       }
-      const result = response.success ? "success" : response.errorReason === "settlement_pending" ? "pending" : "failure";
+      const result = response.success ? "success" : response.errorReason === SETTLEMENT_PENDING ? "pending" : "failure";
       opts.metrics.settleTotal.inc({ ...labels, result, reason: reasonLabel(response.errorReason) });
       if (response.errorReason === RPC_UNAVAILABLE) throw rpcUnavailable(opts);
       return response;
@@ -443,12 +444,12 @@ function settleJobOf(payload: PaymentPayload, requirements: PaymentRequirements)
   }
   if (requirements.scheme === "batch-settlement") {
     // A batch sweep carries nothing unique (receiver, token) and may legitimately repeat: no replay identity.
-    if (inner.type === "settle") return { payload, requirements, unique: true, reusedReason: "invalid_transaction_state" };
+    if (inner.type === "settle") return { payload, requirements, unique: true, reusedReason: TRANSACTION_FAILED };
     const deposit = inner.type === "deposit" && inner.channelConfig && inner.deposit;
     return {
       payload,
       requirements,
-      reusedReason: "invalid_transaction_state",
+      reusedReason: TRANSACTION_FAILED,
       ...(deposit
         ? { reservation: { asset: getAddress(inner.channelConfig!.token), payer: getAddress(inner.channelConfig!.payer), amount: BigInt(inner.deposit!.amount), insufficientReason: "invalid_batch_settlement_evm_insufficient_balance" } }
         : {}),
@@ -518,12 +519,12 @@ function isZero(amount: unknown): boolean {
 
 /** Mechanism messages can quote raw RPC errors (with the endpoint URL): keep them short and URL-free. */
 function scrub<T extends { invalidMessage?: string; errorMessage?: string }>(r: T): T {
-  if (r.invalidMessage !== undefined) r.invalidMessage = conciseMessage(r.invalidMessage);
-  if (r.errorMessage !== undefined) r.errorMessage = conciseMessage(r.errorMessage);
+  if (r.invalidMessage !== undefined) r.invalidMessage = safeMessage(r.invalidMessage);
+  if (r.errorMessage !== undefined) r.errorMessage = safeMessage(r.errorMessage);
   return r;
 }
 
 /** What of an error may be logged: its type and first line, URLs removed. */
 function errorSummary(e: unknown): { type: string; message: string } {
-  return { type: (e as Error)?.name ?? "Error", message: conciseMessage(e) };
+  return { type: (e as Error)?.name ?? "Error", message: safeMessage(e) };
 }

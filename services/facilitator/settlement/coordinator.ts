@@ -1,21 +1,36 @@
-// Exactly-once settlement. A payment id (see payment-id.ts) is claimed in the store by exactly one
-// caller, on any replica, for one payment (its digest); that caller runs the mechanism. Callers with
-// the same id and digest (retries) wait for and return the recorded outcome; a different payment
-// with the same id (same nonce, another payee or amount) is refused as a used nonce and is never
-// answered from the record. A payment that produced a transaction is never executed again: only its
-// transaction is driven to a receipt. Waits are bounded: past the bound the answer is
-// `settlement_pending` with the transaction's hash, and a retry reports the current state.
-// Only the mechanism's own transactions decide an outcome: a gas funding or a wallet deployment
-// that came before one prepared the payment and moved none of its money (store.isDecisive).
+// Exactly-once settlement. The invariant: only a `claimed` payment is executed, and it leaves
+// `claimed` when its first decisive transaction is stored (store.ts allocateAndStore).
+//
+// Guarantees
+// - A payment id (payment-id.ts) is claimed by exactly one request, on any replica, for one payment
+//   (its digest); that request runs the mechanism. Retries (same id and digest) wait for and return
+//   the recorded answer, the very same body from any replica.
+// - A different payment with the same id (same nonce, another payee or amount) is refused as a used
+//   nonce once the holder is `sent` or final, and is never answered from the record.
+// - A `sent` payment is never executed again: only its transactions are driven to a receipt, and its
+//   outcome is what the mechanism's own transaction did on chain (a gas funding or a wallet
+//   deployment before it prepared the payment and moved none of its money: store.isDecisive).
+// - Waits are bounded: past the bound the answer is `settlement_pending` with the transaction's
+//   hash (built on read, never stored), and a retry reports the current state.
+// Assumptions
+// - Every process of a network shares one store, and its clock is close enough to the database's
+//   that a lease (`leaseMs`) outlives a healthy run.
+// - The mechanism signs only through the outbox signer, inside `settlementContext`, so the fence in
+//   allocateAndStore sees every transaction of the payment.
+// Caveats
+// - A run that outlives its lease before sending anything loses the claim; its late answer is
+//   `unexpected_settle_error` (retryable) and it stores nothing.
+// - A refusal before any transaction releases the claim: a retry is judged afresh.
 import { randomUUID } from "node:crypto";
 import type { PaymentPayload, PaymentRequirements, SettleResponse } from "@x402/core/types";
 import { erc20Abi, type Address } from "viem";
 import type { ChainClient } from "../chain.ts";
 import type { GasMeter } from "./gas-meter.ts";
+import { SETTLEMENT_BUSY, SETTLEMENT_PENDING, failureAnswer, pendingAnswer } from "./answers.ts";
 import { settlementContext } from "./context.ts";
 import { paymentDigest, paymentIdentity } from "./payment-id.ts";
 import { pollMined, sleep } from "./receipts.ts";
-import { isDecisive, type SettlementStore } from "./store.ts";
+import { isDecisive, isFinal, type SettlementStore } from "./store.ts";
 
 export interface CoordinatorOptions {
   store: SettlementStore;
@@ -49,9 +64,6 @@ export interface SettleJob {
   run: () => Promise<SettleResponse>;
 }
 
-export const SETTLEMENT_PENDING = "settlement_pending";
-/** A retryable failure: another request holds the claim and has not sent a transaction yet. */
-export const SETTLEMENT_BUSY = "unexpected_settle_error";
 const OPEN = new Set(["signed", "broadcast"]);
 
 export function createSettlementCoordinator(opts: CoordinatorOptions) {
@@ -62,25 +74,13 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
   const poll = opts.pollIntervalMs ?? 50;
   const { store, network } = opts;
 
-  const failure = (reason: string, payer: string | null, message: string, transaction = ""): SettleResponse => ({
-    success: false,
-    errorReason: reason,
-    errorMessage: message,
-    transaction,
-    network: network as SettleResponse["network"],
-    ...(payer ? { payer } : {}),
-  });
+  const failure = (reason: string, payer: string | null, message: string) => failureAnswer(network, reason, payer, message);
 
-  /** Answers from the store, so every caller of one payment gets the very same body. */
-  async function stored(paymentId: string): Promise<SettleResponse> {
-    return (await store.payment(paymentId))!.response as unknown as SettleResponse;
-  }
-
-  /** Waits (bounded) for a payment that already has a transaction. */
+  /** Waits (bounded) for a `sent` payment's outcome; every caller gets the very same stored body. */
   async function awaitOutcome(paymentId: string, deadline: number, gas?: GasMeter): Promise<SettleResponse> {
     for (;;) {
       const row = (await store.payment(paymentId))!;
-      if (row.state === "succeeded" || row.state === "failed") return row.response as unknown as SettleResponse;
+      if (isFinal(row)) return row.response;
       const txs = (await store.outboxForPayment(paymentId)).filter(isDecisive);
       const open = txs.filter((t) => OPEN.has(t.state));
       for (const tx of open) {
@@ -89,21 +89,16 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
           const { receipt } = mined;
           await store.recordMined(paymentId, tx.id, mined.hash, receipt.status === "success", receipt.gasUsed * receipt.effectiveGasPrice, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });
           gas?.noteMined(tx.id, receipt.gasUsed * receipt.effectiveGasPrice);
-          return stored(paymentId);
+          continue; // answered from the record
         }
       }
       const settled = txs.find((t) => t.state === "confirmed" || t.state === "reverted");
       if (settled && open.length === 0) {
         await store.recordMined(paymentId, settled.id, settled.mined_hash!, settled.state === "confirmed");
-        return stored(paymentId);
+        continue;
       }
-      if (Date.now() >= deadline) {
-        // Only reached with a transaction stored, so a pending answer always names one.
-        const latest = open[open.length - 1] ?? txs[txs.length - 1]!;
-        const response = failure(SETTLEMENT_PENDING, row.payer, "the transaction is not mined yet; retry /settle to get its outcome", latest.hash);
-        await store.record(paymentId, "pending", response as unknown as Record<string, unknown>);
-        return response;
-      }
+      // `sent` means a decisive transaction is stored, so a pending answer always names one.
+      if (Date.now() >= deadline) return pendingAnswer(network, row.payer, (open[open.length - 1] ?? txs[txs.length - 1]!).hash);
       await sleep(poll);
     }
   }
@@ -124,32 +119,40 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
     }
     // A run that outlived its lease lost the claim to another request (which may be another
     // payment): it stored nothing (the fence in allocateAndStore) and must not read their outcome.
-    if (!(await store.owns(paymentId, owner))) {
+    const row = await store.payment(paymentId);
+    if (row?.owner !== owner) {
       return failure(SETTLEMENT_BUSY, payer, "this request took too long and another request took over this payment; retry /settle");
     }
-    const txs = (await store.outboxForPayment(paymentId)).filter(isDecisive);
-    if (txs.length === 0) {
-      if (result.success) {
-        await store.record(paymentId, "succeeded", result as unknown as Record<string, unknown>, owner); // nothing to send (upto with 0)
-        return stored(paymentId);
+    if (isFinal(row)) return row.response;
+    if (row.state === "claimed") {
+      if (!result.success) {
+        await store.release(paymentId, owner); // refused before any transaction: a later retry may try again
+        return result;
       }
-      await store.release(paymentId, owner); // refused before any transaction: a later retry may try again
-      return result;
+      await store.record(paymentId, result, owner); // nothing to send (upto with 0)
+      return answerOf(paymentId, payer);
     }
     // The answer names the mechanism's own transaction (a counterfactual wallet's deployment may come before it).
+    const txs = (await store.outboxForPayment(paymentId)).filter(isDecisive);
     const confirmed = txs.filter((t) => t.state === "confirmed" && t.mined_hash);
     const mined = confirmed.find((t) => (t.hashes ?? [t.hash]).some((h) => h.toLowerCase() === String(result.transaction).toLowerCase())) ?? confirmed[confirmed.length - 1];
     if (result.success && mined) {
       // The mined hash may be a fee replacement of the one the mechanism sent.
-      await store.record(paymentId, "succeeded", { ...result, transaction: mined.mined_hash } as unknown as Record<string, unknown>);
-      return stored(paymentId);
+      await store.record(paymentId, { ...result, transaction: mined.mined_hash! });
+      return answerOf(paymentId, payer);
     }
     if (!result.success && result.errorReason !== SETTLEMENT_PENDING && txs.every((t) => !OPEN.has(t.state))) {
-      await store.record(paymentId, "failed", result as unknown as Record<string, unknown>);
-      return stored(paymentId);
+      await store.record(paymentId, result);
+      return answerOf(paymentId, payer);
     }
     // A transaction exists but its outcome is not known: drive it (bounded), never re-execute.
     return awaitOutcome(paymentId, deadline, job.gas);
+  }
+
+  /** The recorded answer (just written, or written first by another process); none if the claim passed to another request meanwhile. */
+  async function answerOf(paymentId: string, payer: string | null): Promise<SettleResponse> {
+    const row = await store.payment(paymentId);
+    return row && isFinal(row) ? row.response : failure(SETTLEMENT_BUSY, payer, "another request took over this payment; retry /settle");
   }
 
   /**
@@ -199,16 +202,14 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
         const claim = await store.claim(id, digest, job.requirements.scheme, payer, extra, owner, leaseMs);
         if (claim.claimed) return execute(job, id, payer, deadline, owner);
         const row = claim.row;
-        const final = row.state === "succeeded" || row.state === "failed";
-        const sent = final || (await store.outboxForPayment(id)).some(isDecisive);
         if (row.digest !== digest) {
-          // Another payment holds this nonce. Once it has a transaction (or an outcome) this one can
-          // never execute; before that it may still be refused and release the id, so a forged
-          // body cannot lock the genuine payment out: wait for that within the bound.
-          if (sent) return failure(job.reusedReason, payer, "this authorization's nonce is already used by another payment");
+          // Another payment holds this nonce. Once it is sent (or final) this one can never execute;
+          // before that it may still be refused and release the id, so a forged body cannot lock
+          // the genuine payment out: wait for that within the bound.
+          if (row.state !== "claimed") return failure(job.reusedReason, payer, "this authorization's nonce is already used by another payment");
         } else {
-          if (final) return row.response as unknown as SettleResponse;
-          if (sent) return awaitOutcome(id, deadline);
+          if (isFinal(row)) return row.response;
+          if (row.state === "sent") return awaitOutcome(id, deadline);
         }
         if (row.lease_expired && (await store.takeOver(id, digest, extra, owner, leaseMs))) return execute(job, id, payer, deadline, owner);
         if (Date.now() >= deadline) return failure(SETTLEMENT_BUSY, payer, "another request is settling a payment with this nonce and has sent no transaction yet; retry /settle");

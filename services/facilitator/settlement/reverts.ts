@@ -7,6 +7,8 @@ import { decodeErrorResult, decodeFunctionData, erc20Abi, isAddressEqual, parseA
 import { eip3009ABI, x402ExactPermit2ProxyABI, x402UptoPermit2ProxyABI, x402UptoPermit2ProxyAddress } from "@x402/evm";
 import type { SettleResponse } from "@x402/core/types";
 import type { ChainClient } from "../chain.ts";
+import { safeMessage } from "../../platform/logger.ts";
+import { SETTLEMENT_PENDING, TRANSACTION_FAILED } from "./answers.ts";
 import { settlementContext } from "./context.ts";
 import type { TransactionKind } from "./gas-policy.ts";
 
@@ -123,14 +125,7 @@ export function describeRevertData(data: Hex): string {
 }
 
 /** One line for an answer: no URL, no calldata, bounded. */
-export function cleanLine(text: string): string {
-  return (text.split("\n")[0] ?? "")
-    .replace(/https?:\/\/\S+/g, "<rpc>")
-    .replace(/0x[0-9a-fA-F]{65,}/g, "0x…")
-    .replace(/\s+/g, " ")
-    .trim()
-    .slice(0, 200);
-}
+export const cleanLine = (text: string) => safeMessage(text, 200);
 
 /** Explains a revert (an error of estimateGas or eth_call) for a transaction of this kind. */
 export function explainRevert(kind: TransactionKind, e: unknown): RevertExplanation | undefined {
@@ -205,7 +200,7 @@ export async function explainMinedRevert(chain: ChainClient, tx: { from: Address
 export function reasonCodeOf(reason: string): { code: string; detail?: string } {
   const i = reason.indexOf(":");
   const code = (i < 0 ? reason : reason.slice(0, i)).trim();
-  return /^[a-z0-9_]{1,80}$/.test(code) ? { code, detail: i < 0 ? undefined : reason.slice(i + 1).trim() } : { code: "invalid_transaction_state", detail: reason };
+  return /^[a-z0-9_]{1,80}$/.test(code) ? { code, detail: i < 0 ? undefined : reason.slice(i + 1).trim() } : { code: TRANSACTION_FAILED, detail: reason };
 }
 
 /**
@@ -216,9 +211,9 @@ export function reasonCodeOf(reason: string): { code: string; detail?: string } 
 export async function withDecodedReverts(settle: () => Promise<SettleResponse>): Promise<SettleResponse> {
   const result = await settle();
   if (result.success) return result;
-  const { code, detail } = reasonCodeOf(result.errorReason ?? "invalid_transaction_state");
+  const { code, detail } = reasonCodeOf(result.errorReason ?? TRANSACTION_FAILED);
   // A pending answer is about a transaction still on its way: nothing reverted.
-  const decoded = code === "settlement_pending" ? undefined : settlementContext.getStore()?.failure;
+  const decoded = code === SETTLEMENT_PENDING ? undefined : settlementContext.getStore()?.failure;
   const errorReason = decoded?.code ?? code;
   const message = decoded?.message ?? result.errorMessage ?? detail;
   return { ...result, errorReason, ...(message !== undefined ? { errorMessage: cleanLine(message) } : {}) };

@@ -1,8 +1,20 @@
 // The settlement store: payments (one row per payment id, the exactly-once anchor), per-key nonce
 // counters, and the outbox of signed transactions. Every query is plain PostgreSQL and runs the
 // same on the embedded engine and on a server shared by several facilitator processes.
+//
+// A payment row is `claimed → sent → succeeded | failed`:
+// - claimed: one request holds it (owner, lease) and may run the mechanism; nothing decisive is stored.
+// - sent: set in the very SQL transaction that stores its first decisive transaction (allocateAndStore);
+//   from then on it is never executed again, only its transactions are driven to a receipt.
+// - succeeded | failed: final, with the answer every caller gets (a CHECK: a final state always has
+//   its answer, and only a final state has one). A pending answer is built on read, never stored.
+import type { SettleResponse } from "@x402/core/types";
 import type { Database, Migration } from "../../platform/storage.ts";
+import { minedAnswer, rejectedAnswer } from "./answers.ts";
 import { AUXILIARY_KINDS } from "./gas-policy.ts";
+
+/** SQL: an outbox row (alias o) that can decide its payment's outcome (not a funding or a deployment). */
+const DECISIVE = `COALESCE(o.kind, '') NOT IN (${AUXILIARY_KINDS.map((k) => `'${k}'`).join(", ")})`;
 
 export const SETTLEMENT_MIGRATIONS: Migration[] = [
   {
@@ -129,32 +141,49 @@ CREATE TABLE settlement_gas_fundings (
 CREATE INDEX settlement_gas_fundings_payer ON settlement_gas_fundings (network, payer);
 CREATE INDEX settlement_gas_fundings_day ON settlement_gas_fundings (network, day)`,
   },
+  {
+    // The record says what the code does: `sent` once a decisive transaction is stored (read from
+    // the outbox before), no stored pending answers, and a final state always has its answer.
+    id: "settlement/007_sent_state",
+    sql: `
+ALTER TABLE settlement_payments DROP CONSTRAINT settlement_payments_state_check;
+UPDATE settlement_payments p SET state = 'sent'
+  WHERE state = 'pending' OR (state = 'claimed' AND EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = p.network AND o.payment_id = p.payment_id AND ${DECISIVE}));
+UPDATE settlement_payments SET response = NULL, lease_until = NULL WHERE state = 'sent';
+UPDATE settlement_payments SET response = NULL WHERE state = 'claimed';
+ALTER TABLE settlement_payments ADD CONSTRAINT settlement_payments_state_check CHECK (state IN ('claimed', 'sent', 'succeeded', 'failed'));
+ALTER TABLE settlement_payments ADD CONSTRAINT settlement_payments_answered CHECK ((state IN ('succeeded', 'failed')) = (response IS NOT NULL));
+DROP INDEX settlement_payments_in_flight;
+CREATE INDEX settlement_payments_in_flight ON settlement_payments (network, asset, reserved_payer) WHERE reserved IS NOT NULL AND state IN ('claimed', 'sent')`,
+  },
 ];
-
-/** SQL: an outbox row (alias o) that can decide its payment's outcome (not a funding or a deployment). */
-const DECISIVE = `COALESCE(o.kind, '') NOT IN (${AUXILIARY_KINDS.map((k) => `'${k}'`).join(", ")})`;
 
 /** Whether a transaction can decide its payment's outcome: the mechanism's own, not one that prepared it. */
 export const isDecisive = (row: Pick<OutboxRow, "kind">) => !AUXILIARY_KINDS.includes((row.kind ?? "") as never);
 
 export type GasFundingState = "funded" | "approved" | "abused";
 
-export type PaymentState = "claimed" | "pending" | "succeeded" | "failed";
+export type PaymentState = PaymentRow["state"];
 export type OutboxState = "signed" | "broadcast" | "confirmed" | "reverted" | "dropped";
 
-export interface PaymentRow {
+interface PaymentFacts {
   payment_id: string;
   scheme: string;
   payer: string | null;
   /** The digest of the payment that holds this id (payment-id.ts); null on rows from before digests. */
   digest: string | null;
-  state: PaymentState;
   owner: string | null;
   lease_expired: boolean;
-  response: Record<string, unknown> | null;
   /** Fields a success answer carries besides the transaction (upto: the settled amount). */
   success_extra: Record<string, unknown>;
 }
+
+/** A payment in flight (claimed: may run; sent: has a decisive transaction) or final, with its answer. */
+export type PaymentRow =
+  | (PaymentFacts & { state: "claimed" | "sent"; response: null })
+  | (PaymentFacts & { state: "succeeded" | "failed"; response: SettleResponse });
+
+export const isFinal = (row: PaymentRow): row is Extract<PaymentRow, { state: "succeeded" | "failed" }> => row.state === "succeeded" || row.state === "failed";
 
 export interface OutboxRow {
   id: string;
@@ -217,6 +246,14 @@ const OUTBOX_COLUMNS = `id::text AS id, payment_id, signer, nonce::text AS nonce
   raw_tx, hash, hashes, state, attempts, mined_hash, EXTRACT(EPOCH FROM (now() - COALESCE(reorged_at, created_at)))::float8 AS age_seconds,
   raw_txs, kind, reject_reason, mined_block_number::text AS mined_block_number, mined_block_hash, revert_reason, revert_message, value::text AS value`;
 
+/** What recording a mined transaction needs of its outbox row. */
+interface MinedFacts {
+  decisive: boolean;
+  revert_reason: string | null;
+  revert_message: string | null;
+}
+const MINED_FACTS = `(${DECISIVE}) AS decisive, o.revert_reason, o.revert_message`;
+
 /** Where a receipt was mined, so a reorg that removes it can be noticed. */
 export interface MinedAt {
   blockNumber: bigint;
@@ -238,6 +275,7 @@ export interface SettlementStoreHooks {
 }
 
 export function createSettlementStore(db: Database, network: string, hooks: SettlementStoreHooks = {}) {
+  const countedKeys = new Set<string>();
   return {
     db,
 
@@ -255,12 +293,11 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       return { claimed: false, row };
     },
 
-    /** Takes over, for this payment, a claim whose owner's lease ran out and which never produced a transaction. */
+    /** Takes over, for this payment, a claim whose owner's lease ran out (still `claimed`: it never produced a transaction). */
     async takeOver(paymentId: string, digest: string, successExtra: Record<string, unknown>, owner: string, leaseMs: number): Promise<boolean> {
       const rows = await db.query(
         `UPDATE settlement_payments SET owner = $3, digest = $4, success_extra = $5, reserved = NULL, lease_until = now() + ($6 || ' milliseconds')::interval, updated_at = now()
          WHERE network = $1 AND payment_id = $2 AND state = 'claimed' AND lease_until < now()
-           AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = $2 AND ${DECISIVE})
          RETURNING payment_id`,
         [network, paymentId, owner, digest, JSON.stringify(successExtra), String(leaseMs)],
       );
@@ -279,7 +316,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
         await tx.query(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, [`${network}|${asset}|${payer}`]);
         const [row] = await tx.query<{ total: string }>(
           `SELECT COALESCE(sum(reserved), 0)::text AS total FROM settlement_payments p
-           WHERE network = $1 AND asset = $2 AND reserved_payer = $3 AND payment_id <> $4 AND reserved IS NOT NULL AND state IN ('claimed', 'pending')
+           WHERE network = $1 AND asset = $2 AND reserved_payer = $3 AND payment_id <> $4 AND reserved IS NOT NULL AND state IN ('claimed', 'sent')
              AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = p.payment_id AND o.state IN ('confirmed', 'reverted') AND ${DECISIVE})`,
           [network, asset, payer, paymentId],
         );
@@ -319,12 +356,12 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       return rows[0];
     },
 
-    async record(paymentId: string, state: Exclude<PaymentState, "claimed">, response: Record<string, unknown>, owner?: string): Promise<void> {
-      // A final state is never overwritten by a later, staler write.
+    /** Records a payment's outcome (its state follows the answer); a final state is never overwritten by a later, staler write. */
+    async record(paymentId: string, response: SettleResponse, owner?: string): Promise<void> {
       await db.query(
         `UPDATE settlement_payments SET state = $3, response = $4, lease_until = NULL, updated_at = now()
-         WHERE network = $1 AND payment_id = $2 AND state NOT IN ('succeeded', 'failed') AND ($5::text IS NULL OR owner = $5)`,
-        [network, paymentId, state, JSON.stringify(response), owner ?? null],
+         WHERE network = $1 AND payment_id = $2 AND state IN ('claimed', 'sent') AND ($5::text IS NULL OR owner = $5)`,
+        [network, paymentId, response.success ? "succeeded" : "failed", JSON.stringify(response), owner ?? null],
       );
     },
 
@@ -333,28 +370,19 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
      * a reorg is what the canonical chain says, whatever was recorded before. True when a recorded
      * success became a failure.
      */
-    async correct(paymentId: string, state: "succeeded" | "failed", response: Record<string, unknown>): Promise<boolean> {
+    async correct(paymentId: string, response: SettleResponse): Promise<boolean> {
       const [row] = await db.query<{ before: PaymentState }>(
         `UPDATE settlement_payments p SET state = $3, response = $4, lease_until = NULL, updated_at = now()
          FROM (SELECT state FROM settlement_payments WHERE network = $1 AND payment_id = $2 FOR UPDATE) old
          WHERE p.network = $1 AND p.payment_id = $2 RETURNING old.state AS before`,
-        [network, paymentId, state, JSON.stringify(response)],
+        [network, paymentId, response.success ? "succeeded" : "failed", JSON.stringify(response)],
       );
-      return row?.before === "succeeded" && state === "failed";
+      return row?.before === "succeeded" && !response.success;
     },
 
-    /** Forgets a claim that produced no transaction (a payment-level refusal): a later retry may try again. Only its owner's. */
+    /** Forgets a claim that produced no transaction (still `claimed`: a payment-level refusal): a later retry may try again. Only its owner's. */
     async release(paymentId: string, owner: string): Promise<void> {
-      await db.query(
-        `DELETE FROM settlement_payments p WHERE network = $1 AND payment_id = $2 AND state = 'claimed' AND owner = $3
-           AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = $2 AND ${DECISIVE})`,
-        [network, paymentId, owner],
-      );
-    },
-
-    /** Whether `owner` still holds the claim on this payment (a run whose lease was taken over does not). */
-    async owns(paymentId: string, owner: string): Promise<boolean> {
-      return (await db.query(`SELECT 1 FROM settlement_payments WHERE network = $1 AND payment_id = $2 AND owner = $3`, [network, paymentId, owner])).length > 0;
+      await db.query(`DELETE FROM settlement_payments WHERE network = $1 AND payment_id = $2 AND state = 'claimed' AND owner = $3`, [network, paymentId, owner]);
     },
 
     /**
@@ -363,17 +391,18 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
      * process. `initialNonce` seeds a key the store has not seen (its pending count on chain).
      */
     async allocateAndStore(entry: NewOutboxEntry, initialNonce: () => Promise<number>, sign: (nonce: bigint) => Promise<SignedTransaction>): Promise<OutboxRow> {
-      const seed = await this.hasNonce(entry.signer) ? undefined : await initialNonce();
+      const seed = (await this.hasNonce(entry.signer)) ? undefined : await initialNonce();
       return db.transaction(async (tx) => {
         if (entry.claimOwner) {
-          // The fence: sign only while this run still holds its payment's claim, and from now on the
-          // claim can no longer be taken over (a lease without an end). A funding or a deployment
-          // keeps the lease: until the payment's own transaction exists, a crashed run's claim may be
-          // taken over (the preparation is found done, not repeated).
+          // The fence: sign only while this run still holds its payment's claim. The payment's own
+          // transaction makes it `sent` (never taken over, never released, never executed again);
+          // a funding or a deployment keeps it `claimed` with its lease: until the payment's own
+          // transaction exists, a crashed run's claim may be taken over (the preparation is found
+          // done, not repeated). A run re-sending on another nonce finds its payment `sent`.
           const held = await tx.query(
-            `UPDATE settlement_payments SET lease_until = CASE WHEN $4 THEN lease_until ELSE NULL END, updated_at = now()
-             WHERE network = $1 AND payment_id = $2 AND owner = $3 AND state = 'claimed' RETURNING 1`,
-            [network, entry.paymentId, entry.claimOwner, !isDecisive({ kind: entry.kind ?? null })],
+            `UPDATE settlement_payments SET state = CASE WHEN $4 THEN 'sent' ELSE state END, lease_until = CASE WHEN $4 THEN NULL ELSE lease_until END, updated_at = now()
+             WHERE network = $1 AND payment_id = $2 AND owner = $3 AND state IN ('claimed', 'sent') RETURNING 1`,
+            [network, entry.paymentId, entry.claimOwner, isDecisive({ kind: entry.kind ?? null })],
           );
           if (held.length === 0) throw new ClaimLostError(`the claim on this payment passed to another request; nothing was signed`);
         }
@@ -396,8 +425,12 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       });
     },
 
+    /** Whether the key has a nonce counter; a counter is never deleted, so a key seen once is not asked again. */
     async hasNonce(signer: string): Promise<boolean> {
-      return (await db.query(`SELECT 1 FROM settlement_nonces WHERE network = $1 AND signer = $2`, [network, signer])).length > 0;
+      if (countedKeys.has(signer)) return true;
+      const found = (await db.query(`SELECT 1 FROM settlement_nonces WHERE network = $1 AND signer = $2`, [network, signer])).length > 0;
+      if (found) countedKeys.add(signer);
+      return found;
     },
 
     /** Moves the key's counter forward when the chain is ahead of it (the key was used elsewhere). */
@@ -434,42 +467,38 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
      * or a deployment is only marked mined: it prepared the payment and says nothing of its outcome.
      */
     async recordMined(paymentId: string, txId: string, minedHash: string, success: boolean, gasWei?: bigint, minedAt?: MinedAt): Promise<void> {
-      const [aux] = await db.query(`SELECT 1 FROM settlement_outbox o WHERE id = $1 AND NOT (${DECISIVE})`, [txId]);
       const mined = await this.markMined(txId, minedHash, success, gasWei, minedAt);
-      if (aux) return;
+      // Marked by another process first: read what it stored (it may have stopped before recording the payment).
+      const tx = mined.row ?? (await db.query<MinedFacts>(`SELECT ${MINED_FACTS} FROM settlement_outbox o WHERE id = $1`, [txId]))[0];
+      if (!tx?.decisive) return;
       const payment = await this.payment(paymentId);
       if (!payment) return;
-      const base = { transaction: minedHash, network, ...(payment.payer ? { payer: payment.payer } : {}) };
-      const [why] = success ? [] : await db.query<{ revert_reason: string | null; revert_message: string | null }>(`SELECT revert_reason, revert_message FROM settlement_outbox WHERE id = $1`, [txId]);
-      const state = success ? "succeeded" : "failed";
-      const response = success
-        ? { success: true, ...base, ...payment.success_extra }
-        : { success: false, errorReason: why?.revert_reason ?? "invalid_transaction_state", errorMessage: why?.revert_message ?? "the settlement transaction reverted", ...base };
+      const response = minedAnswer(network, payment, minedHash, success, { reason: tx.revert_reason, message: tx.revert_message });
       if (mined.reorged) {
-        if (await this.correct(paymentId, state, response)) hooks.onReversed?.(paymentId);
-      } else await this.record(paymentId, state, response);
+        if (await this.correct(paymentId, response)) hooks.onReversed?.(paymentId);
+      } else await this.record(paymentId, response);
     },
 
     /**
      * Marks a transaction mined; true for the one caller that changed it (others saw it done). A
      * revert is explained first, so whichever process records the payment finds the reason.
      */
-    async markMined(id: string, minedHash: string, success: boolean, gasWei?: bigint, minedAt?: MinedAt): Promise<{ changed: boolean; reorged: boolean }> {
+    async markMined(id: string, minedHash: string, success: boolean, gasWei?: bigint, minedAt?: MinedAt): Promise<{ changed: boolean; reorged: boolean; row?: MinedFacts }> {
       let why: { code: string; message: string } | undefined;
       if (!success && hooks.explainRevert) {
         const [row] = await db.query<OutboxRow>(`SELECT ${OUTBOX_COLUMNS} FROM settlement_outbox WHERE id = $1 AND state IN ('signed', 'broadcast')`, [id]);
         if (row) why = await hooks.explainRevert(row, minedHash, minedAt).catch(() => undefined);
       }
-      const rows = await db.query<{ signer: string; reorged: boolean }>(
-        `UPDATE settlement_outbox SET state = $2, mined_hash = $3, mined_block_number = $4::bigint, mined_block_hash = $5::text, watched = $4::bigint IS NOT NULL,
+      const rows = await db.query<MinedFacts & { signer: string; reorged: boolean }>(
+        `UPDATE settlement_outbox o SET state = $2, mined_hash = $3, mined_block_number = $4::bigint, mined_block_hash = $5::text, watched = $4::bigint IS NOT NULL,
            revert_reason = $6::text, revert_message = $7::text, updated_at = now()
-         WHERE id = $1 AND state IN ('signed', 'broadcast') RETURNING signer, reorged_at IS NOT NULL AS reorged`,
+         WHERE id = $1 AND state IN ('signed', 'broadcast') RETURNING signer, reorged_at IS NOT NULL AS reorged, ${MINED_FACTS}`,
         [id, success ? "confirmed" : "reverted", minedHash, minedAt?.blockNumber.toString() ?? null, minedAt?.blockHash ?? null, why?.code ?? null, why?.message ?? null],
       );
       const row = rows[0];
       // Gas is counted at the first mining only: the same bytes mined again after a reorg paid once on the canonical chain.
       if (row && !row.reorged && gasWei !== undefined) hooks.onMined?.(row.signer, gasWei);
-      return { changed: !!row, reorged: !!row?.reorged };
+      return { changed: !!row, reorged: !!row?.reorged, row };
     },
 
     async markDropped(id: string, error: string, reason?: string): Promise<void> {
@@ -511,15 +540,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     /** A payment whose transaction was refused for good: recorded as failed (its nonce was retired). */
     async recordRejected(paymentId: string, reason: string): Promise<void> {
       const payment = await this.payment(paymentId);
-      if (!payment) return;
-      await this.record(paymentId, "failed", {
-        success: false,
-        errorReason: "invalid_transaction_state",
-        errorMessage: `the node refused the settlement transaction (${reason}); nothing was transferred`,
-        transaction: "",
-        network,
-        ...(payment.payer ? { payer: payment.payer } : {}),
-      });
+      if (payment) await this.record(paymentId, rejectedAnswer(network, payment.payer, reason));
     },
 
     /** Mined rows not yet `confirmations` deep: the reconciler checks they are still on chain. */
