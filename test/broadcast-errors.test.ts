@@ -2,7 +2,7 @@
 // anvil ones are also provoked for real in signer-trust.test.ts).
 import { describe, expect, it } from "vitest";
 import { RpcRequestError } from "viem";
-import { classifyBroadcastError } from "../services/facilitator/settlement/broadcast-errors.ts";
+import { classifySendError } from "../services/facilitator/settlement/broadcast-errors.ts";
 
 const nodeError = (message: string) => new RpcRequestError({ body: {}, url: "http://rpc.invalid/key-secret", error: { code: -32000, message } });
 
@@ -40,11 +40,11 @@ describe("broadcast error classifier", () => {
     ["nonce too high", "nonce_too_high"],
     ["something else entirely", "rejected"],
   ])("%s → %s", (message, outcome) => {
-    expect(classifyBroadcastError(nodeError(message))).toBe(outcome);
+    expect(classifySendError(nodeError(message))).toBe(outcome);
   });
 
   it("a node that cannot be reached is not a refusal", () => {
-    expect(classifyBroadcastError(new Error("fetch failed"))).toBe("unreachable");
-    expect(classifyBroadcastError(Object.assign(new Error("HTTP request failed."), { details: "Status: 503" }))).toBe("unreachable");
+    expect(classifySendError(new Error("fetch failed"))).toBe("unreachable");
+    expect(classifySendError(Object.assign(new Error("HTTP request failed."), { details: "Status: 503" }))).toBe("unreachable");
   });
 });

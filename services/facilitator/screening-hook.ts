@@ -10,7 +10,7 @@
 // answered 200 with {"allow": true} or {"allow": false, "denied": "payer" | "payee", "reason": "…"}.
 import { request } from "undici";
 import { getAddress } from "viem";
-import type { Logger } from "../platform/logger.ts";
+import { safeMessage, type Logger } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
 import { PAYEE_DENIED, PAYER_DENIED, type Refusal, type ScreenedPayment } from "./screening.ts";
 
@@ -93,7 +93,7 @@ export function createScreeningHook(opts: ScreeningHookOptions) {
           verdict = await ask(payment);
         } catch (e) {
           // Never the URL in logs (it may carry a token); the error's type and a short line.
-          const why = (e as Error).name === "TimeoutError" || (e as Error).name === "AbortError" ? `no answer within ${opts.timeoutMs} ms` : String((e as Error).message ?? e).split("\n")[0]!.replace(/https?:\/\/\S+/g, "<screening>");
+          const why = (e as Error).name === "TimeoutError" || (e as Error).name === "AbortError" ? `no answer within ${opts.timeoutMs} ms` : safeMessage(e);
           opts.logger.warn({ failOpen: opts.failOpen, why }, "screening service unavailable");
           count(opts.failOpen ? "unavailable_open" : "unavailable_closed");
           if (opts.failOpen) return undefined;

@@ -32,8 +32,16 @@ export function endpointName(url: string): string {
   }
 }
 
-/** First line of an error, without URLs (an RPC URL may embed an API key): safe for logs and answers. */
-export function conciseMessage(e: unknown): string {
-  const first = String((e as Error)?.message ?? e).split("\n")[0] ?? "";
-  return first.replace(/https?:\/\/\S+/g, "<rpc>").slice(0, 300);
+/**
+ * The one way an error (or a node's text) becomes words for a log line, an answer or a stored row:
+ * its first line, without URLs (an RPC or webhook URL may embed an API key) or calldata, bounded.
+ */
+export function safeMessage(e: unknown, max = 300): string {
+  const text = typeof e === "string" ? e : String((e as Error)?.message ?? e);
+  return (text.split("\n")[0] ?? "")
+    .replace(/https?:\/\/\S+/g, "<rpc>")
+    .replace(/0x[0-9a-fA-F]{65,}/g, "0x…")
+    .replace(/\s+/g, " ")
+    .trim()
+    .slice(0, max);
 }

@@ -5,7 +5,7 @@
 // keeps serving. A count above zero is a bug to fix (every promise on a request path must be
 // awaited or handled), not a state to live with.
 import type { Logger } from "./logger.ts";
-import { conciseMessage } from "./logger.ts";
+import { safeMessage } from "./logger.ts";
 
 export type UnhandledKind = "rejection" | "exception";
 
@@ -25,7 +25,7 @@ export function installProcessGuard(logger: Logger): void {
   const note = (kind: UnhandledKind, error: unknown) => {
     counts[kind] += 1;
     // Not under `err`: pino's error serializer would replace the type with the object's.
-    logger.error({ kind, error: { type: (error as Error)?.name ?? typeof error, message: conciseMessage(error) } }, `unhandled ${kind}; the process keeps serving`);
+    logger.error({ kind, error: { type: (error as Error)?.name ?? typeof error, message: safeMessage(error) } }, `unhandled ${kind}; the process keeps serving`);
   };
   process.on("unhandledRejection", (reason) => note("rejection", reason));
   process.on("uncaughtException", (error) => note("exception", error));

@@ -14,7 +14,7 @@ import {
   type TransactionSerializableEIP1559,
 } from "viem";
 import { chainIdOf, PERMIT2_ADDRESS, type Caip2 } from "../x402/networks.ts";
-import { endpointName } from "../platform/logger.ts";
+import { endpointName, safeMessage } from "../platform/logger.ts";
 import { WalletError } from "./errors.ts";
 
 export type TxSigner = (digest: Hex) => { r: Hex; s: Hex; yParity: number };
@@ -46,7 +46,7 @@ export interface ChainOptions {
 function rpcFailure(network: string, url: string, e: unknown): WalletError {
   if (e instanceof WalletError) return e;
   const short = (e as { shortMessage?: string }).shortMessage ?? "request failed";
-  return new WalletError("rpc_unavailable", `the RPC of ${network} (${endpointName(url)}) failed: ${short.split("\n")[0]!.replace(/https?:\/\/\S+/g, "<url>")}`);
+  return new WalletError("rpc_unavailable", `the RPC of ${network} (${endpointName(url)}) failed: ${safeMessage(short)}`);
 }
 
 export function createChainAccess(opts: ChainOptions): ChainAccess {

@@ -20,7 +20,7 @@ import { PERMIT2_ADDRESS } from "@x402/evm";
 import type { Logger } from "../../platform/logger.ts";
 import type { Metrics } from "../../platform/metrics.ts";
 import { noteRpcFailure, type ChainClient } from "../chain.ts";
-import { classifyBroadcastError } from "./broadcast-errors.ts";
+import { classifySendError } from "./broadcast-errors.ts";
 import { settlementContext } from "./context.ts";
 import type { OutboxSigner } from "./outbox-signer.ts";
 import { sleep } from "./receipts.ts";
@@ -226,7 +226,7 @@ export function createApprovalSponsor(opts: ApprovalSponsorOptions): ApprovalSpo
       try {
         await client.sendRawTransaction({ serializedTransaction: approval.raw });
       } catch (e) {
-        const outcome = classifyBroadcastError(e);
+        const outcome = classifySendError(e);
         if (outcome !== "already_known") {
           if (outcome === "unreachable") noteRpcFailure(e);
           // Checked a moment ago; refused now: the payer used its nonce or its (funded) gas elsewhere.

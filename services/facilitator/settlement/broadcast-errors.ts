@@ -3,6 +3,7 @@
 // already maps the common texts to typed errors (getNodeError), and the table covers the rest.
 import { FeeCapTooLowError, InsufficientFundsError, IntrinsicGasTooHighError, IntrinsicGasTooLowError, NonceTooHighError, NonceTooLowError, TipAboveFeeCapError, type BaseError } from "viem";
 import { getNodeError } from "viem/utils";
+import { safeMessage } from "../../platform/logger.ts";
 import { isRpcUnavailable } from "../chain.ts";
 
 export type BroadcastOutcome =
@@ -81,7 +82,7 @@ function hasType(e: unknown, types: Rule["types"]): boolean {
 }
 
 /** Classifies a failed broadcast. */
-export function classifyBroadcastError(e: unknown): BroadcastOutcome {
+export function classifySendError(e: unknown): BroadcastOutcome {
   let derived: unknown;
   try {
     derived = getNodeError(e as BaseError, {});
@@ -100,6 +101,5 @@ export function classifyBroadcastError(e: unknown): BroadcastOutcome {
 /** A short, URL-free line for logs and the outbox row. */
 export function broadcastErrorLine(e: unknown): string {
   const err = e as { details?: string; shortMessage?: string; message?: string };
-  const line = String(err?.details ?? err?.shortMessage ?? err?.message ?? e).split("\n")[0]!;
-  return line.replace(/https?:\/\/\S+/g, "<rpc>").replace(/0x[0-9a-fA-F]{80,}/g, "0x…").slice(0, 200);
+  return safeMessage(String(err?.details ?? err?.shortMessage ?? err?.message ?? e), 200);
 }

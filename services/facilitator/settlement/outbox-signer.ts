@@ -22,10 +22,10 @@ import {
 } from "viem";
 import { sendRawTransactionSync } from "viem/actions";
 import type { FacilitatorEvmSigner } from "@x402/evm";
-import type { Logger } from "../../platform/logger.ts";
+import { safeMessage, type Logger } from "../../platform/logger.ts";
 import type { Metrics } from "../../platform/metrics.ts";
 import { noteRpcFailure, type ChainClient } from "../chain.ts";
-import { broadcastErrorLine, classifyBroadcastError, type BroadcastOutcome } from "./broadcast-errors.ts";
+import { broadcastErrorLine, classifySendError, type BroadcastOutcome } from "./broadcast-errors.ts";
 import { settlementContext } from "./context.ts";
 import type { DataFeeModel } from "../network-policy.ts";
 import { BelowFeeFloorError, DEFAULT_BASE_FEE_MULTIPLIER, GasCeilingExceededError, createGasPolicy, transactionKind, type Fees, type GasPolicy, type TransactionKind } from "./gas-policy.ts";
@@ -133,7 +133,6 @@ function rpcErrorCode(e: unknown): number | undefined {
   return undefined;
 }
 
-const message = (e: unknown) => String((e as Error)?.message ?? e).split("\n")[0]!.replace(/https?:\/\/\S+/g, "<rpc>");
 
 /** Outcomes that say nothing about the transaction: the node was not reached. */
 const RETRY_LATER = new Set<SendOutcome>(["unreachable"]);
@@ -274,7 +273,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       const code = rpcErrorCode(e);
       // EIP-7966: accepted into the pool, not mined within the timeout. The receipt wait polls for it.
       if (code === 4) return true;
-      if (code === -32601 || /method .*not (found|supported|available)|does not exist/i.test(message(e))) {
+      if (code === -32601 || /method .*not (found|supported|available)|does not exist/i.test(safeMessage(e))) {
         syncUnservedUntil = Date.now() + SYNC_REPROBE_MS;
         opts.logger.info({ network }, "the RPC endpoint does not serve eth_sendRawTransactionSync; sending the plain way");
         return false;
@@ -289,7 +288,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       await opts.store.markBroadcast(row.id);
       return "sent";
     } catch (e) {
-      const outcome = classifyBroadcastError(e);
+      const outcome = classifySendError(e);
       // "Nonce too low" or "replacement underpriced" for a transaction the node already has (anvil
       // answers a repeated send with the latter) means it is on its way or mined: as good as sent.
       if (outcome === "already_known" || ((outcome === "nonce_too_low" || outcome === "replacement_underpriced") && (await knownToNode(row.hashes ?? [row.hash])))) {
@@ -406,7 +405,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
             // The call would revert now: say why, in a reason code and a line without calldata.
             const why = await explainCallFailure(opts.chain, kind, args.to, args.data, e);
             if (why) fail(kind, why.code, why.message);
-            throw new SettlementNotSentError(`gas estimation failed: ${cleanLine(message(e))}`);
+            throw new SettlementNotSentError(`gas estimation failed: ${cleanLine(safeMessage(e))}`);
           }),
         fees,
         dataFee,

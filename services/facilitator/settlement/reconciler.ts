@@ -4,7 +4,7 @@
 // times, under the fee cap), gives up the nonce of what a node refuses for good, records mined
 // outcomes on the payment, and re-sends mined transactions a reorg removed.
 // Compare-and-set updates keep two reconcilers from acting on one transaction twice.
-import type { Logger } from "../../platform/logger.ts";
+import { safeMessage, type Logger } from "../../platform/logger.ts";
 import type { Metrics } from "../../platform/metrics.ts";
 import type { ChainClient } from "../chain.ts";
 import { TransactionReceiptNotFoundError } from "viem";
@@ -196,7 +196,7 @@ export function startReconciler(opts: ReconcilerOptions) {
   const timer = setInterval(() => {
     if (running || stopped) return;
     running = pass()
-      .catch((e) => logger.warn({ err: (e as Error).name, message: String((e as Error).message).split("\n")[0]!.replace(/https?:\/\/\S+/g, "<rpc>") }, "reconcile pass failed"))
+      .catch((e) => logger.warn({ err: (e as Error).name, message: safeMessage(e) }, "reconcile pass failed"))
       .finally(() => (running = undefined));
   }, opts.intervalMs ?? 1000);
   timer.unref();
