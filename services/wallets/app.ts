@@ -16,10 +16,11 @@ import { createSealedKey } from "./custody.ts";
 import { WalletError } from "./errors.ts";
 import type { Fetcher } from "./fetcher.ts";
 import type { KeyringSource } from "./keyring.ts";
+import { owned, ownedWallet } from "./owned.ts";
 import { payFor, type Caller, type PaymentsDeps } from "./payments.ts";
 import { EMPTY_POLICY, parsePolicy, WALLET_SCHEMES } from "./policy.ts";
 import type { Rotator } from "./rotation.ts";
-import { MasterKeyRetiredError, type CreateWalletInput, type Wallet, type WalletStore } from "./store.ts";
+import { MasterKeyRetiredError, type CreateWalletInput, type Page, type Paged, type Wallet, type WalletStore } from "./store.ts";
 import { createApiKeyBody, createPlatformBody, createWalletBody, parseBody, parseFetchRequest, parseNetworkQuery, parsePage, parsePayRequest, permit2ApprovalBody } from "./wire.ts";
 import type { Caip2 } from "../x402/networks.ts";
 
@@ -161,44 +162,37 @@ function walletRoutes(app: FastifyInstance, opts: WalletsAppOptions, deps: Payme
   });
 
   platformRoute("GET", "/v1/wallets/:walletId", async (caller, request) => {
-    const id = walletIdOf(request);
-    const wallet = await store.wallet(caller.platformId, id);
-    if (!wallet) throw new WalletError("not_found", `no wallet ${id}`);
-    return walletView(wallet);
+    return walletView(await ownedWallet(store, caller, walletIdOf(request)));
   });
 
   platformRoute("GET", "/v1/wallets/:walletId/balances", async (caller, request) => {
     const id = walletIdOf(request);
     const network = parseNetworkQuery(request.query);
-    const wallet = await store.wallet(caller.platformId, id);
-    if (!wallet) throw new WalletError("not_found", `no wallet ${id}`);
+    const wallet = await ownedWallet(store, caller, id);
     if (!opts.chain) throw new WalletError("network_not_configured", "the wallet service has no RPC configured (--rpc-url eip155:<chain id>=<url>)");
     return { walletId: id, address: wallet.address, networks: await walletBalances(opts.chain, wallet.address, wallet.policy, network) };
   });
 
   platformRoute("GET", "/v1/wallets/:walletId/policy", async (caller, request) => {
     const id = walletIdOf(request);
-    const wallet = await store.wallet(caller.platformId, id);
-    if (!wallet) throw new WalletError("not_found", `no wallet ${id}`);
+    const wallet = await ownedWallet(store, caller, id);
     return { walletId: id, version: wallet.policyVersion, policy: wallet.policy };
   });
 
   platformRoute("PUT", "/v1/wallets/:walletId/policy", async (caller, request) => {
     const id = walletIdOf(request);
     const policy = parsePolicy(request.body);
-    const wallet = await store.setPolicy(caller.platformId, id, policy, caller.apiKeyId, new Date(now()));
-    if (!wallet) throw new WalletError("not_found", `no wallet ${id}`);
+    const wallet = await owned(store.setPolicy(caller.platformId, id, policy, caller.apiKeyId, new Date(now())), id);
     request.log.info({ wallet: id, version: wallet.policyVersion, apiKey: caller.apiKeyId }, "wallets policy changed");
     return { walletId: id, version: wallet.policyVersion, policy: wallet.policy };
   });
 
   // A wallet's records a page at a time: its policy changes and its signatures.
-  type Lister = (platformId: string, walletId: string, page: ReturnType<typeof parsePage>) => Promise<{ items: unknown[]; next: unknown } | undefined>;
+  type Lister = (platformId: string, walletId: string, page: Page) => Promise<Paged<unknown> | undefined>;
   const pageRoute = (path: string, field: string, list: Lister) =>
     platformRoute("GET", `/v1/wallets/:walletId/${path}`, async (caller, request) => {
       const id = walletIdOf(request);
-      const page = await list(caller.platformId, id, parsePage(request.query));
-      if (!page) throw new WalletError("not_found", `no wallet ${id}`);
+      const page = await owned(list(caller.platformId, id, parsePage(request.query)), id);
       return { walletId: id, [field]: page.items, next: page.next };
     });
   pageRoute("policy/history", "changes", (p, w, page) => store.policyHistory(p, w, page));
