@@ -29,8 +29,7 @@ export function operatorOptionsFrom(flags: FlagValues<typeof FLAGS>, env: NodeJS
 export const operatorCli = serviceCommand({
   name: "operator",
   summary: "reconcile FacilitatorNetwork resources into facilitator pod sets and the routing table",
-  help: `x402-fleet operator: reconcile FacilitatorNetwork resources into facilitator pod sets and the routing table
-  --facilitator-image IMAGE   (env X402_FACILITATOR_IMAGE; required)
+  help: `  --facilitator-image IMAGE   (env X402_FACILITATOR_IMAGE; required)
   [--namespace x402-system]   (env POD_NAMESPACE, else the service account's)
   [--watch-namespace NS]   (env X402_WATCH_NAMESPACE; default: every namespace)
   --admin-port 9422 --host 0.0.0.0   (env ADMIN_PORT, HOST)

@@ -15,6 +15,8 @@ export const COMMANDS: readonly Command[] = [devnetCli, facilitatorCli, routerCl
 const usage = () =>
   `x402-fleet <command> [options]   (x402-fleet <command> --help: its flags and environment)\n\ncommands:\n${COMMANDS.map((c) => `  ${c.name.padEnd(16)}${c.summary}\n`).join("")}`;
 
+const helpOf = (c: Command) => `x402-fleet ${c.name}: ${c.summary}\n${c.help}`;
+
 function onShutdown(stop: () => Promise<void>) {
   let stopping = false;
   const handler = (signal: string) => {
@@ -30,7 +32,8 @@ function onShutdown(stop: () => Promise<void>) {
 export async function main(argv: string[]): Promise<void> {
   const [name, ...args] = argv;
   if (name === "help" || name === "--help" || name === "-h") {
-    process.stdout.write(COMMANDS.find((c) => c.name === args[0])?.help ?? usage());
+    const command = COMMANDS.find((c) => c.name === args[0]);
+    process.stdout.write(command ? helpOf(command) : usage());
     return;
   }
   const command = COMMANDS.find((c) => c.name === name);
@@ -40,7 +43,7 @@ export async function main(argv: string[]): Promise<void> {
     return;
   }
   if (args.includes("--help") || args.includes("-h")) {
-    process.stdout.write(command.help);
+    process.stdout.write(helpOf(command));
     return;
   }
   try {

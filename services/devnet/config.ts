@@ -22,8 +22,7 @@ export function devnetOptionsFrom(flags: FlagValues<typeof FLAGS>, env: NodeJS.P
 export const devnetCli = serviceCommand({
   name: "devnet",
   summary: "run the whole system on local anvil chains (the embedded default)",
-  help: `x402-fleet devnet: run the whole system on local anvil chains (the embedded default)
-  --networks eip155:8453,eip155:56   (default: every devnet network)
+  help: `  --networks eip155:8453,eip155:56   (default: every devnet network)
   --port 4020   (env PORT; the router's: hub +10, wallets +20, admin ports +100; 0 picks free ports)
   --host 127.0.0.1 --state-dir .devnet
   [--block-times]   mine at each chain's block time and settle at its confirmations
@@ -55,8 +54,7 @@ export function payOptionsFrom(flags: FlagValues<typeof PAY_FLAGS>): PayOptions 
 export const payCli = defineCommand({
   name: "pay",
   summary: "sign, verify and settle an example payment on a running devnet",
-  help: `x402-fleet pay: sign, verify and settle an example payment on a running devnet
-  --network eip155:8453 --amount 10000 [--method eip3009|permit2] [--state-dir .devnet]
+  help: `  --network eip155:8453 --amount 10000 [--method eip3009|permit2] [--state-dir .devnet]
   [--body-only]   print the signed request body for curl instead of sending it
 `,
   flags: PAY_FLAGS,

@@ -9,17 +9,10 @@ import type { FacilitatorConfig, FacilitatorConfigInput } from "./config.ts";
 const FLAGS = { ...stringFlags("network", "signer-key-file", "schemes", "host", "port", "admin-port", "config"), "rpc-url": { type: "string", multiple: true } } as const;
 
 function readConfigFile(path: string | undefined): FacilitatorConfigInput {
-  if (path === undefined) return {};
-  let text: string;
   try {
-    text = readFileSync(path, "utf8");
+    return path === undefined ? {} : (JSON.parse(readFileSync(path, "utf8")) as FacilitatorConfigInput);
   } catch (e) {
-    throw new Error(`facilitator: --config ${path}: cannot read it (${(e as NodeJS.ErrnoException).code ?? "error"})`);
-  }
-  try {
-    return JSON.parse(text) as FacilitatorConfigInput;
-  } catch {
-    throw new Error(`facilitator: --config ${path}: not JSON`);
+    throw new Error(`facilitator: --config ${path}: ${(e as NodeJS.ErrnoException).code ?? "not JSON"}`);
   }
 }
 
@@ -53,7 +46,7 @@ env: X402_RECEIPT_TIMEOUT_MS, X402_MIN_SIGNER_BALANCE_WEI, X402_GAS_CEILINGS, X4
 export const facilitatorCli = serviceCommand({
   name: "facilitator",
   summary: "serve one network",
-  help: `x402-fleet facilitator: serve one network\n${CONFIG_HELP}`,
+  help: CONFIG_HELP,
   flags: FLAGS,
   optionsFrom: facilitatorOptionsFrom,
   start: async (config) => (await import("./service.ts")).startFacilitatorService(config),
@@ -62,9 +55,8 @@ export const facilitatorCli = serviceCommand({
 export const doctorCli = defineCommand({
   name: "doctor",
   summary: "check a facilitator configuration against its chain before it takes money",
-  help: `x402-fleet doctor: check a facilitator configuration against its chain before it takes money: RPC chain
-id and head lag, contract code, asset decimals and EIP-712 domains, signer balances and nonces, the router's
-table. Plain-words report; exit 1 on problems (docs/networks.md). The facilitator's flags and env, plus
+  help: `RPC chain id and head lag, contract code, asset decimals and EIP-712 domains, signer balances and nonces,
+the router's table. Plain-words report; exit 1 on problems (docs/networks.md). The facilitator's flags and env, plus
   [--routing-table FILE]   (env X402_ROUTING_TABLE)
   [--router-url URL]   (env X402_ROUTER_URL)
 ${CONFIG_HELP}`,

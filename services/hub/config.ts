@@ -38,8 +38,7 @@ export function hubOptionsFrom(flags: FlagValues<typeof FLAGS>, env: NodeJS.Proc
 export const hubCli = serviceCommand({
   name: "hub",
   summary: "the wallet-scoped key-value store (writes signed by the owner's wallet; docs/hub.md)",
-  help: `x402-fleet hub: the wallet-scoped key-value store (writes signed by the owner's wallet; docs/hub.md)
-  --port 4030 --admin-port 9430 --host 127.0.0.1   (env PORT, ADMIN_PORT, HOST)
+  help: `  --port 4030 --admin-port 9430 --host 127.0.0.1   (env PORT, ADMIN_PORT, HOST)
   --data-dir .data/hub   (env HUB_DATA_DIR)
   [--rpc-url URL] [--chain-id 8453]   (env HUB_RPC_URL, HUB_CHAIN_ID)
 env: DATABASE_URL (PostgreSQL instead of the embedded engine), HUB_DOMAIN_NAME, HUB_DOMAIN_SALT,
@@ -53,9 +52,8 @@ env: DATABASE_URL (PostgreSQL instead of the embedded engine), HUB_DOMAIN_NAME, 
 
 export const hubUploadCli = defineCommand({
   name: "hub-upload",
-  summary: "sign a hub write with a wallet key and send it (docs/hub.md)",
-  help: `x402-fleet hub-upload: sign a hub write with a wallet key and send it (docs/hub.md); prints the hub's answer
-  --key-file FILE   (0x private key; or HUB_SIGNER_KEY_FILE)
+  summary: "sign a hub write with a wallet key, send it and print the hub's answer (docs/hub.md)",
+  help: `  --key-file FILE   (0x private key; or HUB_SIGNER_KEY_FILE)
   --id chat7_0 --message TEXT [--bucket B] [--kind memory|knowledgebase] [--owner 0xContractWallet]
   [--hub-url URL]   (or HUB_URL; default: hubUrl of the running devnet's --state-dir .devnet)
 `,

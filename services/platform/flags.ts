@@ -13,9 +13,9 @@ type Env = NodeJS.ProcessEnv;
 /** One `x402-fleet <name>`: the CLI only dispatches over a table of these. */
 export interface Command<F extends FlagSpec = FlagSpec> {
   name: string;
-  /** One line in `x402-fleet help`. */
+  /** One line in `x402-fleet help`, and the first of `x402-fleet <name> --help`. */
   summary: string;
-  /** `x402-fleet <name> --help`: its flags and environment. */
+  /** The rest of `x402-fleet <name> --help`: its flags and environment. */
   help: string;
   flags: F;
   /** A long-running service: the process guard and tracing first, a graceful stop on SIGINT/SIGTERM. */
@@ -99,13 +99,7 @@ export function caip2(name: string, v: string): string {
 
 /** An http(s) URL; never echoed, since RPC URLs often carry an API key. */
 export function httpUrl(name: string, v: string): string {
-  let ok = false;
-  try {
-    ok = /^https?:$/.test(new URL(v).protocol);
-  } catch {
-    // not a URL at all
-  }
-  if (!ok) throw new FlagError(`${name} must be an http(s) URL`);
+  if (!URL.canParse(v) || !/^https?:$/.test(new URL(v).protocol)) throw new FlagError(`${name} must be an http(s) URL`);
   return v;
 }
 

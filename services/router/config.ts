@@ -31,8 +31,7 @@ export function routerOptionsFrom(flags: FlagValues<typeof FLAGS>, env: NodeJS.P
 export const routerCli = serviceCommand({
   name: "router",
   summary: "the public /v2 edge",
-  help: `x402-fleet router: the public /v2 edge
-  --routing-table FILE   (env X402_ROUTING_TABLE; required)
+  help: `  --routing-table FILE   (env X402_ROUTING_TABLE; required)
   --port 4020 --admin-port 9420 --host 127.0.0.1   (env PORT, ADMIN_PORT, HOST)
 env: OTEL_EXPORTER_OTLP_ENDPOINT,
   X402_ROUTER_API_KEYS=required with DATABASE_URL: /verify and /settle need an API key,

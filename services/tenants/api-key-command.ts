@@ -120,7 +120,7 @@ function apiKeyCli(name: string, summary: string, usage: string, flags: FlagSpec
   return defineCommand({
     name,
     summary,
-    help: `x402-fleet ${name}: ${summary}\n${usage}${ENV}`,
+    help: `${usage}${ENV}`,
     flags,
     run: async (f, env) => {
       const text = await runApiKeyCommand(name, { name: f.name, networks: f.networks, schemes: f.schemes, id: f.id, requestsPerMinute: f["requests-per-minute"], settlementsPerDay: f["settlements-per-day"], gasBudget: f["gas-budget"], since: f.since }, env);

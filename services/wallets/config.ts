@@ -53,8 +53,7 @@ export function walletsOptionsFrom(flags: FlagValues<typeof FLAGS>, env: NodeJS.
 export const walletsCli = serviceCommand({
   name: "wallets",
   summary: "custodial agent wallets: platforms pay x402 resources with an API key (docs/wallets.md)",
-  help: `x402-fleet wallets: custodial agent wallets: platforms pay x402 resources with an API key (docs/wallets.md)
-  --master-key-file FILE   (env WALLETS_MASTER_KEY_FILE; required)
+  help: `  --master-key-file FILE   (env WALLETS_MASTER_KEY_FILE; required)
   [--admin-token-file FILE]   (env WALLETS_ADMIN_TOKEN_FILE)
   --port 4040 --admin-port 9440 --host 127.0.0.1   (env PORT, ADMIN_PORT, HOST)
   --data-dir .data/wallets   (env WALLETS_DATA_DIR)
