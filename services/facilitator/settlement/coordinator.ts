@@ -129,8 +129,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
         await store.release(paymentId, owner); // refused before any transaction: a later retry may try again
         return result;
       }
-      await store.record(paymentId, result, owner); // nothing to send (upto with 0)
-      return answerOf(paymentId, payer);
+      return (await store.record(paymentId, result, owner)) ?? answerOf(paymentId, payer); // nothing to send (upto with 0)
     }
     // The answer names the mechanism's own transaction (a counterfactual wallet's deployment may come before it).
     const txs = (await store.outboxForPayment(paymentId)).filter(isDecisive);
@@ -138,18 +137,16 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
     const mined = confirmed.find((t) => (t.hashes ?? [t.hash]).some((h) => h.toLowerCase() === String(result.transaction).toLowerCase())) ?? confirmed[confirmed.length - 1];
     if (result.success && mined) {
       // The mined hash may be a fee replacement of the one the mechanism sent.
-      await store.record(paymentId, { ...result, transaction: mined.mined_hash! });
-      return answerOf(paymentId, payer);
+      return (await store.record(paymentId, { ...result, transaction: mined.mined_hash! })) ?? answerOf(paymentId, payer);
     }
     if (!result.success && result.errorReason !== SETTLEMENT_PENDING && txs.every((t) => !OPEN.has(t.state))) {
-      await store.record(paymentId, result);
-      return answerOf(paymentId, payer);
+      return (await store.record(paymentId, result)) ?? answerOf(paymentId, payer);
     }
     // A transaction exists but its outcome is not known: drive it (bounded), never re-execute.
     return awaitOutcome(paymentId, deadline, job.gas);
   }
 
-  /** The recorded answer (just written, or written first by another process); none if the claim passed to another request meanwhile. */
+  /** The answer another process recorded first; none if the claim passed to another request meanwhile. */
   async function answerOf(paymentId: string, payer: string | null): Promise<SettleResponse> {
     const row = await store.payment(paymentId);
     return row && isFinal(row) ? row.response : failure(SETTLEMENT_BUSY, payer, "another request took over this payment; retry /settle");

@@ -356,13 +356,17 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       return rows[0];
     },
 
-    /** Records a payment's outcome (its state follows the answer); a final state is never overwritten by a later, staler write. */
-    async record(paymentId: string, response: SettleResponse, owner?: string): Promise<void> {
-      await db.query(
+    /**
+     * Records a payment's outcome (its state follows the answer) and returns it as stored; undefined
+     * when it was final already (a final state is never overwritten by a later, staler write).
+     */
+    async record(paymentId: string, response: SettleResponse, owner?: string): Promise<SettleResponse | undefined> {
+      const [row] = await db.query<{ response: SettleResponse }>(
         `UPDATE settlement_payments SET state = $3, response = $4, lease_until = NULL, updated_at = now()
-         WHERE network = $1 AND payment_id = $2 AND state IN ('claimed', 'sent') AND ($5::text IS NULL OR owner = $5)`,
+         WHERE network = $1 AND payment_id = $2 AND state IN ('claimed', 'sent') AND ($5::text IS NULL OR owner = $5) RETURNING response`,
         [network, paymentId, response.success ? "succeeded" : "failed", JSON.stringify(response), owner ?? null],
       );
+      return row?.response;
     },
 
     /**
