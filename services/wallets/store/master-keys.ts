@@ -26,11 +26,7 @@ export interface KeyRow {
   encrypted_key: Uint8Array;
 }
 
-interface MasterKeyRow {
-  id: string;
-  retiring_at: Date | string | null;
-  retired_at: Date | string | null;
-}
+type MasterKeyRow = { id: string; retiring_at: Date | string | null; retired_at: Date | string | null };
 
 export const toSealed = (r: KeyRow): SealedKey => ({ masterKeyId: r.master_key_id, wrappedDataKey: r.wrapped_data_key, encryptedKey: r.encrypted_key });
 

@@ -23,11 +23,7 @@ export interface StoredApiKey extends ApiKeyInfo {
 
 export type ApiKeyInput = { id: string; digest: string; label?: string };
 
-interface PlatformRow {
-  id: string;
-  name: string;
-  created_at: Date | string;
-}
+type PlatformRow = { id: string; name: string; created_at: Date | string };
 
 interface ApiKeyRow {
   id: string;

@@ -34,46 +34,24 @@ export interface SignatureRecord {
   outcome: SignatureOutcome | null;
 }
 
-interface SignatureRow {
-  id: string;
+/** A row as signatures() selects it: the record's names, the engine's types. */
+type SignatureRow = Omit<SignatureRecord, "validBefore" | "createdAt" | "outcome"> & {
   seq: string | number;
-  wallet_id: string;
-  api_key_id: string | null;
-  kind: SignatureKind;
-  scheme: string | null;
-  network: string;
-  asset: string;
-  amount: string;
-  pay_to: string;
-  method: string;
-  resource_url: string | null;
-  nonce: string | null;
-  valid_before: string | number | null;
-  signature_hash: string;
-  created_at: Date | string;
+  validBefore: string | number | null;
+  createdAt: Date | string;
   outcome: SignatureOutcome | string | null;
-}
+};
 
-function toSignature(r: SignatureRow): SignatureRecord {
-  return {
-    id: r.id,
-    walletId: r.wallet_id,
-    apiKeyId: r.api_key_id,
-    kind: r.kind,
-    scheme: r.scheme,
-    network: r.network,
-    asset: r.asset,
-    amount: String(r.amount),
-    payTo: r.pay_to,
-    method: r.method,
-    resource: r.resource_url,
-    nonce: r.nonce,
-    validBefore: r.valid_before === null ? null : Number(r.valid_before),
-    signatureHash: r.signature_hash,
-    createdAt: iso(r.created_at)!,
-    outcome: r.outcome === null ? null : json(r.outcome),
-  };
-}
+const SIGNATURE_COLUMNS = `id, seq, wallet_id AS "walletId", api_key_id AS "apiKeyId", kind, scheme, network, asset, amount::text AS amount, pay_to AS "payTo", method,
+  resource_url AS resource, nonce, valid_before AS "validBefore", signature_hash AS "signatureHash", created_at AS "createdAt", outcome`;
+
+const toSignature = ({ seq: _seq, ...r }: SignatureRow): SignatureRecord => ({
+  ...r,
+  amount: String(r.amount),
+  validBefore: r.validBefore === null ? null : Number(r.validBefore),
+  createdAt: iso(r.createdAt)!,
+  outcome: r.outcome === null ? null : json(r.outcome),
+});
 
 export interface SignatureRepository {
   /** Amounts signed for payments since `since`, by network and asset (spendKey). */
@@ -110,8 +88,7 @@ export function signatureRepository(db: Database, owns: (platformId: string, wal
 
     async signatures(platformId, walletId, page) {
       if (!(await owns(platformId, walletId))) return undefined;
-      const columns = "id, seq, wallet_id, api_key_id, kind, scheme, network, asset, amount::text AS amount, pay_to, method, resource_url, nonce, valid_before, signature_hash, created_at, outcome";
-      return keysetPage(db, { columns, from: "wallet_signatures", where: "wallet_id = $1", args: [walletId], newestFirst: true }, page, toSignature);
+      return keysetPage(db, { columns: SIGNATURE_COLUMNS, from: "wallet_signatures", where: "wallet_id = $1", args: [walletId], newestFirst: true }, page, toSignature);
     },
   };
 }
