@@ -4,6 +4,7 @@
 import { createHash } from "node:crypto";
 import type { RoutingTable } from "../services/router/routing-table.ts";
 import { extensionsFor } from "../services/x402/extensions.ts";
+import { chainIdOf } from "../services/x402/networks.ts";
 import {
   ADMIN_PORT,
   ANNOTATION_SECRETS_HASH,
@@ -46,10 +47,6 @@ export function childName(fn: FacilitatorNetwork): string {
   return `${fn.metadata.name}-facilitator`;
 }
 
-export function chainIdOfNetwork(network: string): number {
-  return Number(network.slice(network.indexOf(":") + 1));
-}
-
 export function selectorLabels(fn: FacilitatorNetwork): Record<string, string> {
   return { [LABEL_NAME]: "x402-fleet-facilitator", [LABEL_INSTANCE]: fn.metadata.name };
 }
@@ -60,7 +57,7 @@ export function childLabels(fn: FacilitatorNetwork): Record<string, string> {
     [LABEL_COMPONENT]: "facilitator",
     [LABEL_PART_OF]: "x402-fleet",
     [LABEL_MANAGED_BY]: MANAGED_BY,
-    [LABEL_CHAIN_ID]: String(chainIdOfNetwork(fn.spec.network)),
+    [LABEL_CHAIN_ID]: String(chainIdOf(fn.spec.network)),
   };
 }
 
@@ -575,7 +572,7 @@ export function buildRoutingTable(fns: readonly FacilitatorNetwork[], clusterDom
       ),
     });
   }
-  backends.sort((a, b) => chainIdOfNetwork(a.network) - chainIdOfNetwork(b.network));
+  backends.sort((a, b) => chainIdOf(a.network) - chainIdOf(b.network));
   return { backends };
 }
 

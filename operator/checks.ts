@@ -9,7 +9,8 @@ import { parseSignerKeys } from "../services/facilitator/config.ts";
 import { DestinationNotAllowed } from "../services/platform/egress.ts";
 import { endpointName } from "../services/platform/logger.ts";
 import type { FacilitatorNetwork } from "./api.ts";
-import { chainIdOfNetwork, secretsDigest, signerKeyName, type Observation } from "./builders.ts";
+import { chainIdOf } from "../services/x402/networks.ts";
+import { secretsDigest, signerKeyName, type Observation } from "./builders.ts";
 
 export interface SecretData {
   /** Values by key, decoded (base64 → UTF-8). */
@@ -127,7 +128,7 @@ export async function checkInputs(fn: FacilitatorNetwork, deps: CheckDeps): Prom
     }
 
     // 4. every endpoint must be on the chain of `network`
-    const expected = chainIdOfNetwork(fn.spec.network);
+    const expected = chainIdOf(fn.spec.network);
     const answers = await Promise.all(
       endpoints.map(async (e): Promise<{ label: string; url: string; chainId?: number; error?: string; refused?: boolean }> => {
         try {

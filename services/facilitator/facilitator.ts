@@ -72,15 +72,16 @@ export interface Facilitator {
 export function createFacilitator(opts: FacilitatorOptions): Facilitator {
   const core = new x402Facilitator();
   const signer = simulatingDeployment(servingAssetCode(opts.signer), opts.chain);
-  const upto = asCaller(signer, opts.uptoFacilitatorAddress);
+  // upto and batch-settlement send from the one key they advertise (extra.facilitatorAddress).
+  const pinnedSigner = asCaller(signer, opts.uptoFacilitatorAddress);
   const factories = opts.eip6492Factories ?? [];
   for (const scheme of opts.schemes) {
     // Each mechanism is registered for exactly this network: no eip155:* wildcard.
     if (scheme === "exact") core.register(opts.network, new ExactEvmScheme(signer, { eip6492AllowedFactories: factories }));
-    if (scheme === "upto") core.register(opts.network, new UptoEvmScheme(upto));
+    if (scheme === "upto") core.register(opts.network, new UptoEvmScheme(pinnedSigner));
     if (scheme === "batch-settlement") {
       const authorizer = opts.receiverAuthorizer && { address: opts.receiverAuthorizer.address, signTypedData: (p: Parameters<PrivateKeyAccount["signTypedData"]>[0]) => opts.receiverAuthorizer!.signTypedData(p) };
-      core.register(opts.network, new BatchSettlementEvmScheme(asCaller(signer, opts.uptoFacilitatorAddress), authorizer as never, { eip6492AllowedFactories: factories }));
+      core.register(opts.network, new BatchSettlementEvmScheme(pinnedSigner, authorizer as never, { eip6492AllowedFactories: factories }));
     }
   }
   // EIP-2612 gas sponsoring rides in payload extensions and is handled by the exact Permit2 mechanism;
