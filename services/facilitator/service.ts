@@ -3,11 +3,11 @@
 // on the admin port.
 import { readFileSync } from "node:fs";
 import { privateKeyToAccount } from "viem/accounts";
-import { startAdminServer } from "../platform/admin.ts";
 import { createContractApp } from "../platform/http.ts";
+import { serve, serviceDatabase, startService } from "../platform/lifecycle.ts";
 import { createLogger, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
-import { describeDatabase, migrate, openDatabase, type Database } from "../platform/storage.ts";
+import { describeDatabase, type Database } from "../platform/storage.ts";
 import { chainIdOf, chainKind, networkInfo } from "../x402/networks.ts";
 import { watchBalances } from "./balances.ts";
 import { assertChainId, createChainClient, reportedChainId, type ChainClient } from "./chain.ts";
@@ -40,7 +40,7 @@ export interface RunningFacilitator {
 }
 
 export interface FacilitatorDeps {
-  /** A database to share (the devnet runs every network's facilitator on one embedded engine). */
+  /** A database to share (the devnet runs every network's facilitator on one embedded engine); the caller closes it. */
   db?: Database;
 }
 
@@ -58,153 +58,134 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     refuseWellKnownKeys(served, config.signerKeys, String(clientVersion));
   }
 
-  const db = deps.db ?? (await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir }));
-  await migrate(db, SETTLEMENT_MIGRATIONS);
-  await migrate(db, SIGNER_NETWORK_MIGRATIONS);
-  const store = createSettlementStore(db, config.network, {
-    onMined: (signer, gasWei) => metrics.gasSpent.inc({ network: config.network, signer }, Number(gasWei)),
-    onReversed: (paymentId) => {
-      metrics.reversed.inc({ network: config.network });
-      log.error({ paymentId }, "a settlement answered as successful reverted after a reorg; its record now says failed");
-    },
-    explainRevert: (row, _hash, minedAt) =>
-      explainMinedRevert(chain, { from: row.signer, to: row.to_address, data: row.data, gas: BigInt(row.gas), blockNumber: minedAt?.blockNumber, kind: (row.kind ?? "other") as TransactionKind }),
-  });
-  const accounts = config.signerKeys.map((k) => privateKeyToAccount(k));
-  // A key serves one network: refused when the store knows it from another one.
-  await bindSignersToNetwork(db, config.network, accounts.map((a) => a.address));
-  const policy = config.policy;
-  const gasPolicy = gasPolicyOf(config);
-  configureReceiptPolling(chain, { intervalMs: config.receiptPollMs, maxIntervalMs: config.receiptPollMaxMs, maxCallsPerWait: config.receiptPollBudget });
-  const crashAt = process.env.X402_FAULT_CRASH_AT;
-  const signer = createOutboxSigner({
-    chain,
-    accounts,
-    store,
-    receiptTimeoutMs: config.receiptTimeoutMs,
-    confirmations: config.confirmations,
-    gasPolicy,
-    isFunded: (address) => balances.isFunded(address),
-    onInsufficientFunds: (address) => balances.markUnfunded(address),
-    logger: log,
-    metrics,
-    network: config.network,
-    crashAt: crashAt && CRASH_POINTS.has(crashAt) ? (crashAt as "after_store" | "after_broadcast") : undefined,
-    dataFee: policy.dataFee,
-    syncSend: policy.sendRawTransactionSync,
-    minBlockIntervalMs: policy.minBlockIntervalMs,
-    eip6492Factories: config.eip6492Factories,
-  });
-  const balances = watchBalances({
-    chain,
-    network: config.network,
-    signers: accounts.map((a) => a.address),
-    // Unset: what the costliest transaction a key may sign costs at the current fee cap.
-    minBalanceWei: config.minSignerBalanceWei ?? (async () => minimumSignerBalance(gasPolicy.largestCeiling(), (await signer.marketFees()).cap, policy)),
-    intervalMs: config.balanceRefreshMs,
-    metrics,
-  });
-  for (const a of accounts) metrics.signerPending.set({ network: config.network, signer: a.address }, 0);
-  const coordinator = createSettlementCoordinator({ store, chain, network: config.network, waitBoundMs: config.receiptTimeoutMs, confirmations: config.confirmations });
-  const reconciler = startReconciler({
-    store,
-    signer,
-    chain,
-    network: config.network,
-    confirmations: config.confirmations,
-    logger: log,
-    metrics,
-    replaceAfterMs: config.replaceAfterMs,
-    maxFeeBumps: config.maxFeeBumps,
-    onInsufficientFunds: (address) => balances.markUnfunded(address),
-  });
-  const screening = config.denyListFile ? watchDenyList(config.denyListFile, log) : undefined;
-  const hook = config.screening;
-  const screeningHook = hook
-    ? createScreeningHook({
-        url: hook.url,
-        timeoutMs: hook.timeoutMs,
-        failOpen: hook.failOpen,
-        cacheMs: hook.cacheMs,
-        authorization: hook.tokenFile ? `Bearer ${readFileSync(hook.tokenFile, "utf8").trim()}` : undefined,
-        network: config.network,
-        logger: log,
-        metrics,
-      })
-    : undefined;
-  const sponsoring = config.approvalSponsoring;
-  const approvalSponsor = sponsoring
-    ? createApprovalSponsor({ signer, chain, store, network: config.network, logger: log, metrics, ...sponsoring, simulateFrom: config.uptoFacilitatorAddress, receiptTimeoutMs: config.receiptTimeoutMs })
-    : undefined;
-  const facilitator = createFacilitator({
-    approvalSponsor,
-    screening,
-    screeningHook,
-    network: config.network,
-    signer,
-    chain,
-    coordinator,
-    schemes: config.schemes,
-    assets: config.assets,
-    logger: log,
-    metrics,
-    uptoFacilitatorAddress: config.uptoFacilitatorAddress,
-    receiverAuthorizer: config.receiverAuthorizerKey ? privateKeyToAccount(config.receiverAuthorizerKey) : undefined,
-    allowedAssets: config.allowedAssets,
-    eip6492Factories: config.eip6492Factories,
-    receiverCredentials: config.receiverCredentialsFile ? readReceiverCredentials(config.receiverCredentialsFile) : undefined,
-  });
-
-  const ok = (body: unknown) => ({ status: 200, body });
-  const app = createContractApp({
-    logger: log,
-    bodyLimit: config.bodyLimit,
-    service: "facilitator",
-    metrics,
-    longestHandlerMs: config.receiptTimeoutMs, // a settle waits for its receipt up to this bound
-    handlers: {
-      verify: async (body) => ok(await facilitator.verify(body)),
-      settle: async (body, caller) => {
-        const gas = GasMeter.fromHeader(caller.gasAllowance);
-        return { ...ok(await facilitator.settle(body, caller, gas)), headers: gas?.headers() };
+  return startService(async (life) => {
+    const db = await serviceDatabase(life, { db: deps.db, databaseUrl: config.databaseUrl, dataDir: config.dataDir }, [...SETTLEMENT_MIGRATIONS, ...SIGNER_NETWORK_MIGRATIONS]);
+    const store = createSettlementStore(db, config.network, {
+      onMined: (signer, gasWei) => metrics.gasSpent.inc({ network: config.network, signer }, Number(gasWei)),
+      onReversed: (paymentId) => {
+        metrics.reversed.inc({ network: config.network });
+        log.error({ paymentId }, "a settlement answered as successful reverted after a reorg; its record now says failed");
       },
-      supported: async () => ok(facilitator.supported()),
-    },
+      explainRevert: (row, _hash, minedAt) =>
+        explainMinedRevert(chain, { from: row.signer, to: row.to_address, data: row.data, gas: BigInt(row.gas), blockNumber: minedAt?.blockNumber, kind: (row.kind ?? "other") as TransactionKind }),
+    });
+    const accounts = config.signerKeys.map((k) => privateKeyToAccount(k));
+    // A key serves one network: refused when the store knows it from another one.
+    await bindSignersToNetwork(db, config.network, accounts.map((a) => a.address));
+    const policy = config.policy;
+    const gasPolicy = gasPolicyOf(config);
+    configureReceiptPolling(chain, { intervalMs: config.receiptPollMs, maxIntervalMs: config.receiptPollMaxMs, maxCallsPerWait: config.receiptPollBudget });
+    const crashAt = process.env.X402_FAULT_CRASH_AT;
+    const signer = createOutboxSigner({
+      chain,
+      accounts,
+      store,
+      receiptTimeoutMs: config.receiptTimeoutMs,
+      confirmations: config.confirmations,
+      gasPolicy,
+      isFunded: (address) => balances.isFunded(address),
+      onInsufficientFunds: (address) => balances.markUnfunded(address),
+      logger: log,
+      metrics,
+      network: config.network,
+      crashAt: crashAt && CRASH_POINTS.has(crashAt) ? (crashAt as "after_store" | "after_broadcast") : undefined,
+      dataFee: policy.dataFee,
+      syncSend: policy.sendRawTransactionSync,
+      minBlockIntervalMs: policy.minBlockIntervalMs,
+      eip6492Factories: config.eip6492Factories,
+    });
+    life.defer(() => signer.stop());
+    const balances = watchBalances({
+      chain,
+      network: config.network,
+      signers: accounts.map((a) => a.address),
+      // Unset: what the costliest transaction a key may sign costs at the current fee cap.
+      minBalanceWei: config.minSignerBalanceWei ?? (async () => minimumSignerBalance(gasPolicy.largestCeiling(), (await signer.marketFees()).cap, policy)),
+      intervalMs: config.balanceRefreshMs,
+      metrics,
+    });
+    life.defer(() => balances.stop());
+    for (const a of accounts) metrics.signerPending.set({ network: config.network, signer: a.address }, 0);
+    const coordinator = createSettlementCoordinator({ store, chain, network: config.network, waitBoundMs: config.receiptTimeoutMs, confirmations: config.confirmations });
+    const reconciler = startReconciler({
+      store,
+      signer,
+      chain,
+      network: config.network,
+      confirmations: config.confirmations,
+      logger: log,
+      metrics,
+      replaceAfterMs: config.replaceAfterMs,
+      maxFeeBumps: config.maxFeeBumps,
+      onInsufficientFunds: (address) => balances.markUnfunded(address),
+    });
+    life.defer(() => reconciler.stop());
+    const screening = config.denyListFile ? life.own(watchDenyList(config.denyListFile, log)) : undefined;
+    const hook = config.screening;
+    const screeningHook = hook
+      ? createScreeningHook({
+          url: hook.url,
+          timeoutMs: hook.timeoutMs,
+          failOpen: hook.failOpen,
+          cacheMs: hook.cacheMs,
+          authorization: hook.tokenFile ? `Bearer ${readFileSync(hook.tokenFile, "utf8").trim()}` : undefined,
+          network: config.network,
+          logger: log,
+          metrics,
+        })
+      : undefined;
+    const sponsoring = config.approvalSponsoring;
+    const approvalSponsor = sponsoring
+      ? createApprovalSponsor({ signer, chain, store, network: config.network, logger: log, metrics, ...sponsoring, simulateFrom: config.uptoFacilitatorAddress, receiptTimeoutMs: config.receiptTimeoutMs })
+      : undefined;
+    const facilitator = createFacilitator({
+      approvalSponsor,
+      screening,
+      screeningHook,
+      network: config.network,
+      signer,
+      chain,
+      coordinator,
+      schemes: config.schemes,
+      assets: config.assets,
+      logger: log,
+      metrics,
+      uptoFacilitatorAddress: config.uptoFacilitatorAddress,
+      receiverAuthorizer: config.receiverAuthorizerKey ? privateKeyToAccount(config.receiverAuthorizerKey) : undefined,
+      allowedAssets: config.allowedAssets,
+      eip6492Factories: config.eip6492Factories,
+      receiverCredentials: config.receiverCredentialsFile ? readReceiverCredentials(config.receiverCredentialsFile) : undefined,
+    });
+
+    const ok = (body: unknown) => ({ status: 200, body });
+    const app = createContractApp({
+      logger: log,
+      bodyLimit: config.bodyLimit,
+      service: "facilitator",
+      metrics,
+      longestHandlerMs: config.receiptTimeoutMs, // a settle waits for its receipt up to this bound
+      handlers: {
+        verify: async (body) => ok(await facilitator.verify(body)),
+        settle: async (body, caller) => {
+          const gas = GasMeter.fromHeader(caller.gasAllowance);
+          return { ...ok(await facilitator.settle(body, caller, gas)), headers: gas?.headers() };
+        },
+        supported: async () => ok(facilitator.supported()),
+      },
+    });
+    const { url, adminUrl } = await serve(life, app, config, {
+      registry: metrics.registry,
+      logger: log,
+      checks: [
+        { name: "rpc_chain_id", check: async () => (await reportedChainId(chain)) === chain.chain.id },
+        // A key counts when its balance covers its next transaction (X402_MIN_SIGNER_BALANCE_WEI, or derived).
+        { name: "signer_funded", check: () => balances.anyFunded() },
+        { name: "store", check: async () => (await db.query("SELECT 1 AS ok")).length === 1 },
+      ],
+    });
+    log.info({ url: `${url}/v2`, admin: adminUrl, pairs: facilitator.pairs(), signers: signer.getAddresses(), rpc: chain.endpoints, store: describeDatabase(config.databaseUrl) }, "facilitator listening");
+    return { url: `${url}/v2`, adminUrl, facilitator, signers: [...signer.getAddresses()], outbox: signer, reconciler };
   });
-  const admin = await startAdminServer({
-    host: config.host,
-    port: config.adminPort,
-    registry: metrics.registry,
-    logger: log,
-    checks: [
-      { name: "rpc_chain_id", check: async () => (await reportedChainId(chain)) === chain.chain.id },
-      // A key counts when its balance covers its next transaction (X402_MIN_SIGNER_BALANCE_WEI, or derived).
-      { name: "signer_funded", check: () => balances.anyFunded() },
-      { name: "store", check: async () => (await db.query("SELECT 1 AS ok")).length === 1 },
-    ],
-  });
-  const address = await app.listen({ host: config.host, port: config.port });
-  log.info(
-    { url: `${address}/v2`, admin: admin.url, pairs: facilitator.pairs(), signers: signer.getAddresses(), rpc: chain.endpoints, store: describeDatabase(config.databaseUrl) },
-    "facilitator listening",
-  );
-  return {
-    url: `${address}/v2`,
-    adminUrl: admin.url,
-    facilitator,
-    signers: [...signer.getAddresses()],
-    outbox: signer,
-    reconciler,
-    close: async () => {
-      balances.stop();
-      screening?.close();
-      await app.close();
-      await admin.close();
-      await reconciler.stop();
-      signer.stop();
-      if (!deps.db) await db.close();
-    },
-  };
 }
 
 /** Testnets and mainnets never mix: a mainnet facilitator refuses an RPC on a testnet, and the reverse, in those words. */

@@ -2,14 +2,12 @@
 // the hub's migrations, the signature verifier (ERC-1271 through an RPC when one is configured),
 // the HTTP app, the admin port (/metrics, /healthz, /readyz), and a periodic sweep of expired nonces.
 import { createPublicClient, getAddress, http, isAddress, type Address, type Hex, type PublicClient } from "viem";
-import { startAdminServer, type RunningAdmin } from "../platform/admin.ts";
+import { databaseLabel, serve, serviceDatabase, startService, type DatabaseOptions, type ServicePorts } from "../platform/lifecycle.ts";
 import { createLogger, endpointName, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
 import type { ServerTimeouts } from "../platform/timeouts.ts";
-import { describeDatabase, migrate, openDatabase, type Database } from "../platform/storage.ts";
-import { createHubApp, DEFAULT_HUB_BODY_LIMIT, type TrustProxy } from "./app.ts";
+import { createHubApp, DEFAULT_HUB_BODY_LIMIT, type HubAppOptions } from "./app.ts";
 import { createSignatureVerifier, DEFAULT_HUB_DOMAIN_NAME, DEFAULT_MAX_EXPIRY_SECONDS, hubDomain, type HubDomain } from "./auth.ts";
-import type { RateLimit } from "./rate-limit.ts";
 import { createHubStore, DEFAULT_STORE_LIMITS, HUB_MIGRATIONS, type StoreLimits } from "./store.ts";
 
 /** The EIP-712 chain id when no RPC is configured and none is given (Base). */
@@ -18,18 +16,8 @@ const SWEEP_INTERVAL_MS = 60_000;
 /** Nonces are kept this long past their expiry, to cover clock skew between replicas. */
 const SWEEP_GRACE_SECONDS = 600;
 
-export interface HubServiceOptions {
-  host?: string;
-  /** Default 4030. */
-  port?: number;
-  /** /metrics, /healthz, /readyz; default 9430, or a free port when `port` is 0. */
-  adminPort?: number;
-  /** postgres://… to use a server; otherwise the embedded engine. */
-  databaseUrl?: string;
-  /** Where the embedded engine keeps its files; omit for an in-memory store. */
-  dataDir?: string;
-  /** A database to share instead (the devnet runs every service on one embedded engine); not closed by the hub. */
-  db?: Database;
+export interface HubServiceOptions
+  extends ServicePorts, DatabaseOptions, Pick<HubAppOptions, "bodyLimit" | "maxExpirySeconds" | "writeRateLimit" | "writeAttemptRateLimit" | "readRateLimit" | "trustProxy"> {
   /** A chain RPC: enables ERC-1271 contract-wallet signatures and fixes the domain's chain id. */
   rpcUrl?: string;
   /** The EIP-712 domain's chain id (must match the RPC's when both are given). */
@@ -40,16 +28,6 @@ export interface HubServiceOptions {
   domainSalt?: Hex;
   /** The EIP-712 domain's verifyingContract: an address that names this deployment. */
   domainVerifyingContract?: Address;
-  bodyLimit?: number;
-  maxExpirySeconds?: number;
-  /** Per owner, after the signature holds. */
-  writeRateLimit?: RateLimit;
-  /** Per caller, every upload, before any signature check. */
-  writeAttemptRateLimit?: RateLimit;
-  /** Per caller. */
-  readRateLimit?: RateLimit;
-  /** Whose X-Forwarded-For names the caller (the ingress); default none. */
-  trustProxy?: TrustProxy;
   /** Quota per owner and versions kept per key; unset fields keep their defaults, 0 is no limit. */
   storeLimits?: Partial<StoreLimits>;
   /** Connection bounds of the public and admin ports; unset ones come from HTTP_*_TIMEOUT_MS or the defaults. */
@@ -99,77 +77,37 @@ export async function startHubService(opts: HubServiceOptions = {}): Promise<Run
   const storeLimits: StoreLimits = { ...DEFAULT_STORE_LIMITS, ...Object.fromEntries(Object.entries(opts.storeLimits ?? {}).filter(([, v]) => v !== undefined)) };
   for (const [k, v] of Object.entries(storeLimits)) if (!Number.isSafeInteger(v) || v < 0) throw new Error(`hub: ${k} must be a non-negative integer (0: no limit)`);
 
-  const db = opts.db ?? (await openDatabase({ url: opts.databaseUrl, dataDir: opts.databaseUrl ? undefined : opts.dataDir }));
-  await migrate(db, HUB_MIGRATIONS);
-  const store = createHubStore(db, storeLimits);
   const now = opts.now ?? Date.now;
-  const metrics = createMetrics("hub");
-  const app = createHubApp({
-    logger,
-    metrics,
-    store,
-    domain,
-    verifier: createSignatureVerifier({ publicClient }),
-    bodyLimit: opts.bodyLimit ?? DEFAULT_HUB_BODY_LIMIT,
-    maxExpirySeconds: opts.maxExpirySeconds ?? DEFAULT_MAX_EXPIRY_SECONDS,
-    writeRateLimit: opts.writeRateLimit,
-    writeAttemptRateLimit: opts.writeAttemptRateLimit,
-    readRateLimit: opts.readRateLimit,
-    trustProxy: opts.trustProxy,
-    storeLimits,
-    contractWallets: Boolean(publicClient),
-    timeouts: opts.httpTimeouts,
-    now,
-  });
-
-  const sweep = setInterval(() => {
-    store.sweepNonces(now() / 1000 - SWEEP_GRACE_SECONDS).catch((e: Error) => logger.warn({ err: { message: e.message.split("\n")[0] } }, "hub nonce sweep failed"));
-  }, SWEEP_INTERVAL_MS);
-  sweep.unref();
-
-  const host = opts.host ?? "127.0.0.1";
-  const port = opts.port ?? 4030;
-  let admin: RunningAdmin | undefined;
-  let address: string;
-  try {
-    // The public port first: when it is taken (the devnet already runs a hub), nothing else was announced.
-    address = await app.listen({ host, port });
-    admin = await startAdminServer({
-      host,
-      port: opts.adminPort ?? (port === 0 ? 0 : 9430), // an ephemeral public port implies an ephemeral admin port
+  return startService(async (life) => {
+    const store = createHubStore(await serviceDatabase(life, opts, HUB_MIGRATIONS), storeLimits);
+    const metrics = createMetrics("hub");
+    const app = createHubApp({
+      ...opts,
+      logger,
+      metrics,
+      store,
+      domain,
+      verifier: createSignatureVerifier({ publicClient }),
+      bodyLimit: opts.bodyLimit ?? DEFAULT_HUB_BODY_LIMIT,
+      maxExpirySeconds: opts.maxExpirySeconds ?? DEFAULT_MAX_EXPIRY_SECONDS,
+      storeLimits,
+      contractWallets: Boolean(publicClient),
+      timeouts: opts.httpTimeouts,
+      now,
+    });
+    const sweep = setInterval(() => {
+      store.sweepNonces(now() / 1000 - SWEEP_GRACE_SECONDS).catch((e: Error) => logger.warn({ err: { message: e.message.split("\n")[0] } }, "hub nonce sweep failed"));
+    }, SWEEP_INTERVAL_MS);
+    sweep.unref();
+    life.defer(() => clearInterval(sweep));
+    const port = opts.port ?? 4030;
+    const { url, adminUrl } = await serve(life, app, { host: opts.host ?? "127.0.0.1", port, adminPort: opts.adminPort ?? (port === 0 ? 0 : 9430) }, {
       registry: metrics.registry,
       logger,
       checks: [{ name: "database", check: async () => (await store.ping(), true) }],
       timeouts: opts.httpTimeouts,
     });
-  } catch (e) {
-    clearInterval(sweep);
-    await app.close().catch(() => undefined);
-    await admin?.close().catch(() => undefined);
-    if (!opts.db) await db.close().catch(() => undefined);
-    throw e;
-  }
-  logger.info(
-    {
-      url: address,
-      admin: admin.url,
-      database: describeDatabase(opts.databaseUrl),
-      dataDir: opts.databaseUrl ? undefined : (opts.dataDir ?? "(in memory)"),
-      rpc: opts.rpcUrl ? endpointName(opts.rpcUrl) : undefined,
-      domain,
-    },
-    "hub listening",
-  );
-  const adminServer = admin;
-  return {
-    url: address,
-    adminUrl: adminServer.url,
-    domain,
-    close: async () => {
-      clearInterval(sweep);
-      await app.close();
-      await adminServer.close();
-      await db.close();
-    },
-  };
+    logger.info({ url, admin: adminUrl, ...databaseLabel(opts), rpc: opts.rpcUrl ? endpointName(opts.rpcUrl) : undefined, domain }, "hub listening");
+    return { url, adminUrl, domain };
+  });
 }

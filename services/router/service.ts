@@ -1,6 +1,6 @@
 // Starts the router: the routing table file, the /v2 contract surface, the forwarding pools.
-import { startAdminServer } from "../platform/admin.ts";
 import { createContractApp } from "../platform/http.ts";
+import { serve, startService } from "../platform/lifecycle.ts";
 import { createLogger, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
 import { openDatabase } from "../platform/storage.ts";
@@ -43,50 +43,41 @@ export async function startRouterService(config: RouterConfig, logger: Logger = 
   const metrics = createMetrics("router");
   if ((config.apiKeys || config.discovery) && !config.databaseUrl) throw new Error("router: API keys and the discovery catalog need a shared PostgreSQL database (DATABASE_URL)");
   const migrations = [...(config.apiKeys ? API_KEY_MIGRATIONS : []), ...(config.discovery ? DISCOVERY_MIGRATIONS : [])];
-  const keysDb = migrations.length ? await openDatabase({ url: config.databaseUrl, migrations }) : undefined;
-  const apiKeys = keysDb && config.apiKeys ? createApiKeyStore(keysDb) : undefined;
-  if (config.adminTokenFile && !apiKeys) throw new Error("router: an admin token (X402_ROUTER_ADMIN_TOKEN_FILE) manages API keys: it needs X402_ROUTER_API_KEYS=required");
+  if (config.adminTokenFile && !config.apiKeys) throw new Error("router: an admin token (X402_ROUTER_ADMIN_TOKEN_FILE) manages API keys: it needs X402_ROUTER_API_KEYS=required");
   const adminToken = config.adminTokenFile ? readAdminTokenFile(config.adminTokenFile, "router") : undefined;
-  const catalog = keysDb && config.discovery ? createCatalog(keysDb) : undefined;
-  const discovery = catalog ? createRouterDiscovery(catalog, logger) : undefined;
-  const router = createRouter({ logger, metrics, apiKeys, discovery });
-  // Hourly housekeeping of the shared database: old quota windows, resources nobody paid for in 30 days.
-  const prune = keysDb
-    ? setInterval(() => {
+  return startService(async (life) => {
+    const keysDb = migrations.length ? life.own(await openDatabase({ url: config.databaseUrl, migrations })) : undefined;
+    const apiKeys = keysDb && config.apiKeys ? createApiKeyStore(keysDb) : undefined;
+    const catalog = keysDb && config.discovery ? createCatalog(keysDb) : undefined;
+    const discovery = catalog ? createRouterDiscovery(catalog, logger) : undefined;
+    const router = life.own(createRouter({ logger, metrics, apiKeys, discovery }));
+    // Hourly housekeeping of the shared database: old quota windows, resources nobody paid for in 30 days.
+    if (keysDb) {
+      const prune = setInterval(() => {
         void apiKeys?.pruneUsage().catch(() => undefined);
         void catalog?.prune(DEFAULT_CATALOG_MAX_AGE_MS).catch(() => undefined);
-      }, 3_600_000)
-    : undefined;
-  prune?.unref();
-  const source = await watchRoutingTable(config.routingTablePath, logger, (t) => {
-    router.setTable(t);
-    void router.probeBackends();
+      }, 3_600_000);
+      prune.unref();
+      life.defer(() => clearInterval(prune));
+    }
+    const source = life.own(
+      await watchRoutingTable(config.routingTablePath, logger, (t) => {
+        router.setTable(t);
+        void router.probeBackends();
+      }),
+    );
+    const probe = setInterval(() => void router.probeBackends(), config.probeIntervalMs ?? 5000);
+    probe.unref();
+    life.defer(() => clearInterval(probe));
+    // A settle is forwarded with a 60 s bound (router.ts): the connection must outlive it.
+    const app = createContractApp({ logger, bodyLimit: config.bodyLimit, handlers: router, service: "router", metrics, longestHandlerMs: 60_000 });
+    const { url, adminUrl } = await serve(life, app, { host: config.host, port: config.port, adminPort: config.adminPort ?? (config.port === 0 ? 0 : 9420) }, {
+      registry: metrics.registry,
+      logger,
+      checks: [{ name: "routing_table_loaded", check: async () => source.current() !== undefined }],
+      routes: apiKeys && adminToken ? (scope) => registerKeyAdmin(scope, { keys: apiKeys, token: adminToken }) : undefined,
+    });
+    logger.info({ url: `${url}/v2`, admin: adminUrl, table: config.routingTablePath, apiKeys: apiKeys ? "required" : "off", discovery: discovery ? "on" : "off" }, "router listening");
+    return { url: `${url}/v2`, adminUrl };
   });
-  const probe = setInterval(() => void router.probeBackends(), config.probeIntervalMs ?? 5000);
-  probe.unref();
-  // A settle is forwarded with a 60 s bound (router.ts): the connection must outlive it.
-  const app = createContractApp({ logger, bodyLimit: config.bodyLimit, handlers: router, service: "router", metrics, longestHandlerMs: 60_000 });
-  const admin = await startAdminServer({
-    host: config.host,
-    port: config.adminPort ?? (config.port === 0 ? 0 : 9420), // an ephemeral public port implies an ephemeral admin port
-    registry: metrics.registry,
-    logger,
-    checks: [{ name: "routing_table_loaded", check: async () => source.current() !== undefined }],
-    routes: apiKeys && adminToken ? (scope) => registerKeyAdmin(scope, { keys: apiKeys, token: adminToken }) : undefined,
-  });
-  const address = await app.listen({ host: config.host, port: config.port });
-  logger.info({ url: `${address}/v2`, admin: admin.url, table: config.routingTablePath, apiKeys: apiKeys ? "required" : "off", discovery: discovery ? "on" : "off" }, "router listening");
-  return {
-    url: `${address}/v2`,
-    adminUrl: admin.url,
-    close: async () => {
-      clearInterval(probe);
-      if (prune) clearInterval(prune);
-      source.close();
-      await app.close();
-      await admin.close();
-      await router.close();
-      await keysDb?.close();
-    },
-  };
 }

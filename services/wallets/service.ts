@@ -3,11 +3,10 @@
 // when the file changes, data keys re-wrapped when the primary changes), the chains it reads, the
 // HTTP app, and the admin port (/metrics, /healthz, /readyz).
 import { randomBytes } from "node:crypto";
-import { startAdminServer, type RunningAdmin } from "../platform/admin.ts";
+import { databaseLabel, serve, serviceDatabase, startService, type DatabaseOptions, type ServicePorts } from "../platform/lifecycle.ts";
 import { createLogger, endpointName, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
 import type { ServerTimeouts } from "../platform/timeouts.ts";
-import { describeDatabase, migrate, openDatabase, type Database } from "../platform/storage.ts";
 import type { Caip2 } from "../x402/networks.ts";
 import { createWalletsApp, DEFAULT_MAX_AUTHORIZATION_SECONDS, DEFAULT_WALLETS_BODY_LIMIT } from "./app.ts";
 import { createChainAccess } from "./chain.ts";
@@ -20,18 +19,7 @@ import { createWalletStore, WALLETS_MIGRATIONS } from "./store.ts";
 export const DEFAULT_WALLETS_PORT = 4040;
 export const DEFAULT_WALLETS_ADMIN_PORT = 9440;
 
-export interface WalletsServiceOptions {
-  host?: string;
-  /** Default 4040. */
-  port?: number;
-  /** /metrics, /healthz, /readyz; default 9440, or a free port when `port` is 0. */
-  adminPort?: number;
-  /** postgres://… to use a server; otherwise the embedded engine. */
-  databaseUrl?: string;
-  /** Where the embedded engine keeps its files; omit for an in-memory store. */
-  dataDir?: string;
-  /** A database shared with other components (migrated here, not closed here); wins over the two above. */
-  db?: Database;
+export interface WalletsServiceOptions extends ServicePorts, DatabaseOptions {
   /** The master key file (a mounted Secret): `<id>:<64 hex>` per line, the primary first. */
   masterKeyFile?: string;
   /** A fixed keyring instead of a file (embedding, tests). */
@@ -74,39 +62,25 @@ export async function startWalletsService(opts: WalletsServiceOptions = {}): Pro
   const logger = opts.logger ?? createLogger("wallets");
   const now = opts.now ?? Date.now;
   const adminToken = opts.adminToken !== undefined ? adminTokenFrom(opts.adminToken, "wallets") : opts.adminTokenFile ? readAdminTokenFile(opts.adminTokenFile, "wallets") : undefined;
-  let db: Database;
-  if (opts.db) {
-    db = opts.db;
-    await migrate(db, WALLETS_MIGRATIONS);
-  } else {
-    db = await openDatabase({ url: opts.databaseUrl, dataDir: opts.databaseUrl ? undefined : opts.dataDir, migrations: WALLETS_MIGRATIONS });
-  }
-  const store = createWalletStore(db);
-  const metrics = createMetrics("wallets");
-
-  const cleanup: (() => Promise<void> | void)[] = [() => (opts.db ? undefined : db.close())];
-  let closing: Promise<void> | undefined;
-  const closeAll = () =>
-    (closing ??= (async () => {
-      for (const fn of cleanup.reverse()) await Promise.resolve(fn()).catch(() => undefined);
-    })());
-
-  try {
+  return startService(async (life) => {
+    const store = createWalletStore(await serviceDatabase(life, opts, WALLETS_MIGRATIONS));
+    const metrics = createMetrics("wallets");
     let rotate: () => void = () => undefined;
-    const keyring = await openKeyringSource({
-      path: opts.masterKeys ? undefined : opts.masterKeyFile,
-      keyring: opts.masterKeys,
-      logger,
-      accept: (k) => checkFingerprints(store, k),
-      onPrimaryChange: () => rotate(),
-      watchIntervalMs: opts.masterKeyPollMs,
-    });
-    cleanup.push(() => keyring.close());
+    const keyring = life.own(
+      await openKeyringSource({
+        path: opts.masterKeys ? undefined : opts.masterKeyFile,
+        keyring: opts.masterKeys,
+        logger,
+        accept: (k) => checkFingerprints(store, k),
+        onPrimaryChange: () => rotate(),
+        watchIntervalMs: opts.masterKeyPollMs,
+      }),
+    );
     const replicaId = `wr_${randomBytes(8).toString("hex")}`;
     const heartbeatMs = opts.replicaHeartbeatMs ?? 10_000;
     const rotator = createRotator({ store, keyring, logger, metrics, now, replicaId, replicaLivenessMs: 3 * heartbeatMs });
-    cleanup.push(() => store.leave(replicaId));
-    cleanup.push(() => rotator.idle());
+    life.defer(() => store.leave(replicaId));
+    life.defer(() => rotator.idle());
     rotate = () => void rotator.rewrapAll().catch((e: Error) => logger.error({ reason: e.message.split("\n")[0] }, "wallets: re-wrapping failed"));
     // Registers this replica's primary before anything is served; then finishes a rotation an
     // earlier run started (data keys still under an older loaded key) in the background.
@@ -116,16 +90,11 @@ export async function startWalletsService(opts: WalletsServiceOptions = {}): Pro
     // now have moved to the new primary, or wrapped a wallet under the old one meanwhile).
     const beat = setInterval(rotate, heartbeatMs);
     beat.unref();
-    cleanup.push(() => clearInterval(beat));
+    life.defer(() => clearInterval(beat));
 
     const fetchTimeoutMs = opts.fetchTimeoutMs ?? 20_000;
     const chain = opts.rpcUrls && Object.keys(opts.rpcUrls).length ? createChainAccess({ rpcUrls: opts.rpcUrls }) : undefined;
-    const fetcher = createFetcher({
-      allowPrivateNetworks: opts.allowPrivateNetworks ?? false,
-      timeoutMs: fetchTimeoutMs,
-      maxResponseBytes: opts.fetchMaxResponseBytes ?? 1024 * 1024,
-    });
-    cleanup.push(() => fetcher.close());
+    const fetcher = life.own(createFetcher({ allowPrivateNetworks: opts.allowPrivateNetworks ?? false, timeoutMs: fetchTimeoutMs, maxResponseBytes: opts.fetchMaxResponseBytes ?? 1024 * 1024 }));
 
     const app = createWalletsApp({
       logger,
@@ -143,27 +112,18 @@ export async function startWalletsService(opts: WalletsServiceOptions = {}): Pro
       // /fetch waits for the resource twice (the request, then the paid retry) and for the chain around them.
       longestHandlerMs: 2 * fetchTimeoutMs + 30_000,
     });
-    cleanup.push(() => app.close());
-
-    const host = opts.host ?? "127.0.0.1";
     const port = opts.port ?? DEFAULT_WALLETS_PORT;
-    // The public port first: when it is taken (the devnet already runs the service), nothing else was announced.
-    const address = await app.listen({ host, port });
-    const admin: RunningAdmin = await startAdminServer({
-      host,
-      port: opts.adminPort ?? (port === 0 ? 0 : DEFAULT_WALLETS_ADMIN_PORT),
+    const { url, adminUrl } = await serve(life, app, { host: opts.host ?? "127.0.0.1", port, adminPort: opts.adminPort ?? (port === 0 ? 0 : DEFAULT_WALLETS_ADMIN_PORT) }, {
       registry: metrics.registry,
       logger,
       checks: [{ name: "database", check: async () => (await store.ping(), true) }],
       timeouts: opts.httpTimeouts,
     });
-    cleanup.push(() => admin.close());
     logger.info(
       {
-        url: address,
-        admin: admin.url,
-        database: opts.db ? `${opts.db.kind} (shared)` : describeDatabase(opts.databaseUrl),
-        dataDir: opts.db || opts.databaseUrl ? undefined : (opts.dataDir ?? "(in memory)"),
+        url,
+        admin: adminUrl,
+        ...databaseLabel(opts),
         masterKeys: { primary: keyring.current().primary.id, loaded: [...keyring.current().keys.keys()] },
         networks: Object.entries(opts.rpcUrls ?? {}).map(([n, u]) => `${n}@${endpointName(u!)}`),
         admin_api: Boolean(adminToken),
@@ -171,16 +131,12 @@ export async function startWalletsService(opts: WalletsServiceOptions = {}): Pro
       "wallets listening",
     );
     return {
-      url: address,
-      adminUrl: admin.url,
+      url,
+      adminUrl,
       rotate: async () => {
         await keyring.reload();
         return rotator.rewrapAll();
       },
-      close: closeAll,
     };
-  } catch (e) {
-    await closeAll();
-    throw e;
-  }
+  });
 }

@@ -1,0 +1,74 @@
+// How every service starts and stops (router, facilitator, hub, wallets). What a start opens goes
+// on a stack; a start that fails releases what it had opened, newest first, and close() runs the
+// stack once however often it is called. A database the caller passes stays the caller's to close.
+import type { FastifyInstance } from "fastify";
+import { startAdminServer, type AdminOptions } from "./admin.ts";
+import { describeDatabase, migrate, openDatabase, type Database, type Migration } from "./storage.ts";
+
+export interface Lifecycle {
+  /** Runs `release` on close, or when the start fails, before what was deferred earlier. */
+  defer(release: () => unknown): void;
+  /** Defers `thing.close()` and returns `thing`. */
+  own<T extends { close(): unknown }>(thing: T): T;
+}
+
+export async function startService<T extends object>(start: (life: Lifecycle) => Promise<T>): Promise<T & { close(): Promise<void> }> {
+  const stack: (() => unknown)[] = [];
+  let closing: Promise<void> | undefined;
+  const close = () =>
+    (closing ??= (async () => {
+      // One failing release does not keep the others from running.
+      for (const release of stack.reverse()) await (async () => release())().catch(() => undefined);
+    })());
+  const life: Lifecycle = {
+    defer: (release) => void stack.push(release),
+    own: (thing) => (stack.push(() => thing.close()), thing),
+  };
+  try {
+    return { ...(await start(life)), close };
+  } catch (e) {
+    await close();
+    throw e;
+  }
+}
+
+export interface ServicePorts {
+  host?: string;
+  /** Default: the service's own port. */
+  port?: number;
+  /** /metrics, /healthz, /readyz; default: the service's own, or a free port when `port` is 0. */
+  adminPort?: number;
+}
+
+/** Where a service keeps its data. */
+export interface DatabaseOptions {
+  /** postgres://… to use a server; otherwise the embedded engine. */
+  databaseUrl?: string;
+  /** Where the embedded engine keeps its files; omit for an in-memory store. */
+  dataDir?: string;
+  /** A database shared with other components (the devnet's one engine): migrated here, never closed here. */
+  db?: Database;
+}
+
+/** The service's database with its migrations applied: the shared one, or one it opens and closes itself. */
+export async function serviceDatabase(life: Lifecycle, opts: DatabaseOptions, migrations: Migration[]): Promise<Database> {
+  if (!opts.db) return life.own(await openDatabase({ url: opts.databaseUrl, dataDir: opts.databaseUrl ? undefined : opts.dataDir, migrations }));
+  await migrate(opts.db, migrations);
+  return opts.db;
+}
+
+/** For the start-up log line: never a URL's credentials. */
+export function databaseLabel(opts: DatabaseOptions): { database: string; dataDir?: string } {
+  return { database: opts.db ? `${opts.db.kind} (shared)` : describeDatabase(opts.databaseUrl), dataDir: opts.db || opts.databaseUrl ? undefined : (opts.dataDir ?? "(in memory)") };
+}
+
+/**
+ * Serves `app` on the public port, then the admin port; both close with the service. The public
+ * port comes first: when it is taken (another instance runs), nothing else was announced.
+ */
+export async function serve(life: Lifecycle, app: FastifyInstance, ports: Required<ServicePorts>, admin: Omit<AdminOptions, "host" | "port">): Promise<{ url: string; adminUrl: string }> {
+  life.own(app);
+  const url = await app.listen({ host: ports.host, port: ports.port });
+  const { url: adminUrl } = life.own(await startAdminServer({ ...admin, host: ports.host, port: ports.adminPort }));
+  return { url, adminUrl };
+}
