@@ -69,6 +69,11 @@ export class WorkQueue {
     if (this.shuttingDown || this.dirty.has(key)) return;
     this.dirty.add(key);
     if (this.processing.has(key)) return; // queued again by done()
+    this.handOut(key);
+  }
+
+  /** To a waiting worker if there is one, else to the back of the queue. */
+  private handOut(key: string): void {
     const waiter = this.waiters.shift();
     if (waiter) {
       this.dirty.delete(key);
@@ -121,16 +126,7 @@ export class WorkQueue {
     this.processing.delete(key);
     if (this.dirty.has(key)) {
       if (this.shuttingDown) this.dirty.delete(key);
-      else {
-        const waiter = this.waiters.shift();
-        if (waiter) {
-          this.dirty.delete(key);
-          this.processing.add(key);
-          waiter(key);
-        } else {
-          this.queue.push(key);
-        }
-      }
+      else this.handOut(key);
     }
     if (this.processing.size === 0) this.idleWaiters.splice(0).forEach((w) => w());
   }

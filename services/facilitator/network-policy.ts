@@ -58,30 +58,25 @@ const bsc: NetworkPolicy = {
   minBlockIntervalMs: 0,
 };
 
+/** Base and Base Sepolia: one OP Stack rollup configuration. */
+const opStack: NetworkPolicy = {
+  minPriorityFeePerGasWei: 0n,
+  minBaseFeePerGasWei: 0n,
+  // 0.0001 ETH: a settlement's L1 data fee is a few hundred bytes of blob data, orders of magnitude below.
+  dataFee: { kind: "op-l1-fee", oracle: OP_GAS_PRICE_ORACLE, maxFeeWei: 100_000_000_000_000n },
+  // The sequencer's receipt: unsafe-head reorgs are rare and L1 finality takes ~15 minutes, too long for a payment.
+  confirmations: 1,
+  blockTimeMs: 2000,
+  sendRawTransactionSync: false,
+  // The OP Stack's block time is a rollup parameter: the sequencer makes one block every 2 s.
+  minBlockIntervalMs: 2000,
+};
+
 export const DEFAULT_NETWORK_POLICIES: Readonly<Record<string, NetworkPolicy>> = {
   "eip155:56": bsc,
   "eip155:97": bsc,
-  "eip155:8453": {
-    minPriorityFeePerGasWei: 0n,
-    minBaseFeePerGasWei: 0n,
-    // 0.0001 ETH: a settlement's L1 data fee is a few hundred bytes of blob data, orders of magnitude below.
-    dataFee: { kind: "op-l1-fee", oracle: OP_GAS_PRICE_ORACLE, maxFeeWei: 100_000_000_000_000n },
-    // The sequencer's receipt: unsafe-head reorgs are rare and L1 finality takes ~15 minutes, too long for a payment.
-    confirmations: 1,
-    blockTimeMs: 2000,
-    sendRawTransactionSync: false,
-    // The OP Stack's block time is a rollup parameter: the sequencer makes one block every 2 s.
-    minBlockIntervalMs: 2000,
-  },
-  "eip155:84532": {
-    minPriorityFeePerGasWei: 0n,
-    minBaseFeePerGasWei: 0n,
-    dataFee: { kind: "op-l1-fee", oracle: OP_GAS_PRICE_ORACLE, maxFeeWei: 100_000_000_000_000n },
-    confirmations: 1,
-    blockTimeMs: 2000,
-    sendRawTransactionSync: false,
-    minBlockIntervalMs: 2000,
-  },
+  "eip155:8453": opStack,
+  "eip155:84532": opStack,
   "eip155:137": {
     // Polygon PoS nodes refuse tips below 25 gwei (docs.polygon.technology, gas station).
     minPriorityFeePerGasWei: 25n * GWEI,
