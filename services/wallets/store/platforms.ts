@@ -23,21 +23,15 @@ export interface StoredApiKey extends ApiKeyInfo {
 
 export type ApiKeyInput = { id: string; digest: string; label?: string };
 
-type PlatformRow = { id: string; name: string; created_at: Date | string };
+// Rows carry the domain names (columns aliased); only the engine's timestamp type differs.
+type PlatformRow = Omit<Platform, "createdAt"> & { createdAt: Date | string };
+type ApiKeyRow = Omit<StoredApiKey, "createdAt" | "revokedAt"> & { createdAt: Date | string; revokedAt: Date | string | null };
 
-interface ApiKeyRow {
-  id: string;
-  platform_id: string;
-  digest: string;
-  label: string | null;
-  created_at: Date | string;
-  revoked_at: Date | string | null;
-}
+const PLATFORM_COLUMNS = `id, name, created_at AS "createdAt"`;
+const API_KEY_COLUMNS = `id, platform_id AS "platformId", digest, label, created_at AS "createdAt", revoked_at AS "revokedAt"`;
 
-const API_KEY_COLUMNS = "id, platform_id, digest, label, created_at, revoked_at";
-
-const toPlatform = (r: PlatformRow): Platform => ({ id: r.id, name: r.name, createdAt: iso(r.created_at)! });
-const toApiKey = (r: ApiKeyRow): ApiKeyInfo => ({ id: r.id, platformId: r.platform_id, label: r.label, createdAt: iso(r.created_at)!, revokedAt: iso(r.revoked_at) });
+const toPlatform = (r: PlatformRow): Platform => ({ ...r, createdAt: iso(r.createdAt)! });
+const toApiKey = ({ digest: _digest, ...r }: ApiKeyRow): ApiKeyInfo => ({ ...r, createdAt: iso(r.createdAt)!, revokedAt: iso(r.revokedAt) });
 
 export interface PlatformRepository {
   createPlatform(id: string, name: string, key: ApiKeyInput): Promise<Platform>;
@@ -52,21 +46,21 @@ export interface PlatformRepository {
 
 export function platformRepository(db: Database): PlatformRepository {
   const platform = async (platformId: string) => {
-    const [row] = await db.query<PlatformRow>("SELECT id, name, created_at FROM wallet_platforms WHERE id = $1", [platformId]);
+    const [row] = await db.query<PlatformRow>(`SELECT ${PLATFORM_COLUMNS} FROM wallet_platforms WHERE id = $1`, [platformId]);
     return row ? toPlatform(row) : undefined;
   };
 
   return {
     async createPlatform(id, name, key) {
       return db.transaction(async (tx) => {
-        const [row] = await tx.query<PlatformRow>("INSERT INTO wallet_platforms (id, name) VALUES ($1, $2) RETURNING id, name, created_at", [id, name]);
+        const [row] = await tx.query<PlatformRow>(`INSERT INTO wallet_platforms (id, name) VALUES ($1, $2) RETURNING ${PLATFORM_COLUMNS}`, [id, name]);
         await tx.query("INSERT INTO wallet_api_keys (id, platform_id, digest, label) VALUES ($1, $2, $3, $4)", [key.id, id, key.digest, key.label ?? null]);
         return toPlatform(row!);
       });
     },
 
     async listPlatforms() {
-      return (await db.query<PlatformRow>("SELECT id, name, created_at FROM wallet_platforms ORDER BY created_at, id")).map(toPlatform);
+      return (await db.query<PlatformRow>(`SELECT ${PLATFORM_COLUMNS} FROM wallet_platforms ORDER BY created_at, id`)).map(toPlatform);
     },
 
     platform,

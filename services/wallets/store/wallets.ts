@@ -43,18 +43,8 @@ export interface CreateWalletInput {
   now: Date;
 }
 
-interface WalletRow {
-  id: string;
-  seq: string | number;
-  platform_id: string;
-  address: string;
-  label: string | null;
-  agent_id: string | null;
-  policy: Policy | string;
-  policy_version: number;
-  created_at: Date | string;
-  updated_at: Date | string;
-}
+/** A wallet row as WALLET_COLUMNS selects it: the wallet's names, the engine's types. */
+type WalletRow = Omit<Wallet, "policy" | "createdAt" | "updatedAt"> & { seq: string | number; policy: Policy | string; createdAt: Date | string; updatedAt: Date | string };
 
 interface AuditRow {
   seq: string | number;
@@ -65,21 +55,21 @@ interface AuditRow {
   changed_at: Date | string;
 }
 
-const WALLET_COLUMNS = "w.id, w.seq, w.platform_id, w.address, w.label, w.agent_id, w.policy, w.policy_version, w.created_at, w.updated_at";
+const WALLET_COLUMNS = `w.id, w.seq, w.platform_id AS "platformId", w.address, w.label, w.agent_id AS "agentId", w.policy, w.policy_version AS "policyVersion",
+  w.created_at AS "createdAt", w.updated_at AS "updatedAt"`;
 
-function toWallet(r: WalletRow): Wallet {
-  return {
-    id: r.id,
-    platformId: r.platform_id,
-    address: r.address as Address,
-    label: r.label,
-    agentId: r.agent_id,
-    policy: json(r.policy),
-    policyVersion: Number(r.policy_version),
-    createdAt: iso(r.created_at)!,
-    updatedAt: iso(r.updated_at)!,
-  };
-}
+// Picks the wallet's fields: a row may carry its sealed key's columns too.
+const toWallet = ({ id, platformId, address, label, agentId, policy, policyVersion, createdAt, updatedAt }: WalletRow): Wallet => ({
+  id,
+  platformId,
+  address,
+  label,
+  agentId,
+  policy: json(policy),
+  policyVersion: Number(policyVersion),
+  createdAt: iso(createdAt)!,
+  updatedAt: iso(updatedAt)!,
+});
 
 const toAuditEntry = (r: AuditRow): PolicyAuditEntry => ({ version: Number(r.version), apiKeyId: r.api_key_id, changedAt: iso(r.changed_at)!, previous: r.previous === null ? null : json(r.previous), policy: json(r.policy) });
 
