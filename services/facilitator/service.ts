@@ -4,7 +4,7 @@
 import { readFileSync } from "node:fs";
 import { privateKeyToAccount } from "viem/accounts";
 import { createContractApp } from "../platform/http.ts";
-import { serve, serviceDatabase, startService } from "../platform/lifecycle.ts";
+import { serve, serviceDatabase, startService, type RunningService } from "../platform/lifecycle.ts";
 import { createLogger, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
 import { describeDatabase, type Database } from "../platform/storage.ts";
@@ -28,15 +28,12 @@ import { startReconciler } from "./settlement/reconciler.ts";
 import { explainMinedRevert } from "./settlement/reverts.ts";
 import { SETTLEMENT_MIGRATIONS, createSettlementStore } from "./settlement/store.ts";
 
-export interface RunningFacilitator {
-  url: string;
-  adminUrl: string;
+export interface RunningFacilitator extends RunningService {
   facilitator: Facilitator;
   signers: string[];
   /** The settlement engine's signer and reconciler (tests drive them directly). */
   outbox: OutboxSigner;
   reconciler: { pass(): Promise<void> };
-  close(): Promise<void>;
 }
 
 export interface FacilitatorDeps {

@@ -2,10 +2,9 @@
 // the hub's migrations, the signature verifier (ERC-1271 through an RPC when one is configured),
 // the HTTP app, the admin port (/metrics, /healthz, /readyz), and a periodic sweep of expired nonces.
 import { createPublicClient, getAddress, http, isAddress, type Address, type Hex, type PublicClient } from "viem";
-import { databaseLabel, serve, serviceDatabase, startService, type DatabaseOptions, type ServicePorts } from "../platform/lifecycle.ts";
-import { createLogger, endpointName, type Logger } from "../platform/logger.ts";
+import { databaseLabel, serve, serviceDatabase, startService, type DatabaseOptions, type RunningService, type ServiceOptions } from "../platform/lifecycle.ts";
+import { createLogger, endpointName } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
-import type { ServerTimeouts } from "../platform/timeouts.ts";
 import { createHubApp, DEFAULT_HUB_BODY_LIMIT, type HubAppOptions } from "./app.ts";
 import { createSignatureVerifier, DEFAULT_HUB_DOMAIN_NAME, DEFAULT_MAX_EXPIRY_SECONDS, hubDomain, type HubDomain } from "./auth.ts";
 import { createHubStore, DEFAULT_STORE_LIMITS, HUB_MIGRATIONS, type StoreLimits } from "./store.ts";
@@ -17,7 +16,7 @@ const SWEEP_INTERVAL_MS = 60_000;
 const SWEEP_GRACE_SECONDS = 600;
 
 export interface HubServiceOptions
-  extends ServicePorts, DatabaseOptions, Pick<HubAppOptions, "bodyLimit" | "maxExpirySeconds" | "writeRateLimit" | "writeAttemptRateLimit" | "readRateLimit" | "trustProxy"> {
+  extends ServiceOptions, DatabaseOptions, Pick<HubAppOptions, "bodyLimit" | "maxExpirySeconds" | "writeRateLimit" | "writeAttemptRateLimit" | "readRateLimit" | "trustProxy"> {
   /** A chain RPC: enables ERC-1271 contract-wallet signatures and fixes the domain's chain id. */
   rpcUrl?: string;
   /** The EIP-712 domain's chain id (must match the RPC's when both are given). */
@@ -30,19 +29,11 @@ export interface HubServiceOptions
   domainVerifyingContract?: Address;
   /** Quota per owner and versions kept per key; unset fields keep their defaults, 0 is no limit. */
   storeLimits?: Partial<StoreLimits>;
-  /** Connection bounds of the public and admin ports; unset ones come from HTTP_*_TIMEOUT_MS or the defaults. */
-  httpTimeouts?: Partial<ServerTimeouts>;
-  logger?: Logger;
-  /** Clock in ms (tests pass their own). */
-  now?: () => number;
 }
 
-export interface RunningHub {
-  /** Base URL; clients call `${url}/api/upload` and so on. */
-  url: string;
-  adminUrl: string;
+/** Clients call `${url}/api/upload` and so on. */
+export interface RunningHub extends RunningService {
   domain: HubDomain;
-  close(): Promise<void>;
 }
 
 async function rpcClient(rpcUrl: string): Promise<{ client: PublicClient; chainId: number }> {

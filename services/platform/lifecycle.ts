@@ -3,7 +3,9 @@
 // stack once however often it is called. A database the caller passes stays the caller's to close.
 import type { FastifyInstance } from "fastify";
 import { startAdminServer, type AdminOptions } from "./admin.ts";
+import type { Logger } from "./logger.ts";
 import { describeDatabase, migrate, openDatabase, type Database, type Migration } from "./storage.ts";
+import type { ServerTimeouts } from "./timeouts.ts";
 
 export interface Lifecycle {
   /** Runs `release` on close, or when the start fails, before what was deferred earlier. */
@@ -32,12 +34,25 @@ export async function startService<T extends object>(start: (life: Lifecycle) =>
   }
 }
 
-export interface ServicePorts {
+/** What a service started from code takes besides its own settings. */
+export interface ServiceOptions {
   host?: string;
   /** Default: the service's own port. */
   port?: number;
   /** /metrics, /healthz, /readyz; default: the service's own, or a free port when `port` is 0. */
   adminPort?: number;
+  /** Connection bounds of the public and admin ports; unset ones come from HTTP_*_TIMEOUT_MS or the defaults. */
+  httpTimeouts?: Partial<ServerTimeouts>;
+  logger?: Logger;
+  /** Clock in ms (tests pass their own). */
+  now?: () => number;
+}
+
+export interface RunningService {
+  /** Base URL of the public port. */
+  url: string;
+  adminUrl: string;
+  close(): Promise<void>;
 }
 
 /** Where a service keeps its data. */
@@ -66,7 +81,7 @@ export function databaseLabel(opts: DatabaseOptions): { database: string; dataDi
  * Serves `app` on the public port, then the admin port; both close with the service. The public
  * port comes first: when it is taken (another instance runs), nothing else was announced.
  */
-export async function serve(life: Lifecycle, app: FastifyInstance, ports: Required<ServicePorts>, admin: Omit<AdminOptions, "host" | "port">): Promise<{ url: string; adminUrl: string }> {
+export async function serve(life: Lifecycle, app: FastifyInstance, ports: Required<Pick<ServiceOptions, "host" | "port" | "adminPort">>, admin: Omit<AdminOptions, "host" | "port">): Promise<{ url: string; adminUrl: string }> {
   life.own(app);
   const url = await app.listen({ host: ports.host, port: ports.port });
   const { url: adminUrl } = life.own(await startAdminServer({ ...admin, host: ports.host, port: ports.adminPort }));

@@ -1,6 +1,6 @@
 // Starts the router: the routing table file, the /v2 contract surface, the forwarding pools.
 import { createContractApp } from "../platform/http.ts";
-import { serve, startService } from "../platform/lifecycle.ts";
+import { serve, startService, type RunningService } from "../platform/lifecycle.ts";
 import { createLogger, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
 import { openDatabase } from "../platform/storage.ts";
@@ -33,11 +33,7 @@ export interface RouterConfig {
   adminTokenFile?: string;
 }
 
-export interface RunningRouter {
-  url: string;
-  adminUrl: string;
-  close(): Promise<void>;
-}
+export type RunningRouter = RunningService;
 
 export async function startRouterService(config: RouterConfig, logger: Logger = createLogger("router")): Promise<RunningRouter> {
   const metrics = createMetrics("router");

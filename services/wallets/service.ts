@@ -3,10 +3,9 @@
 // when the file changes, data keys re-wrapped when the primary changes), the chains it reads, the
 // HTTP app, and the admin port (/metrics, /healthz, /readyz).
 import { randomBytes } from "node:crypto";
-import { databaseLabel, serve, serviceDatabase, startService, type DatabaseOptions, type ServicePorts } from "../platform/lifecycle.ts";
-import { createLogger, endpointName, type Logger } from "../platform/logger.ts";
+import { databaseLabel, serve, serviceDatabase, startService, type DatabaseOptions, type RunningService, type ServiceOptions } from "../platform/lifecycle.ts";
+import { createLogger, endpointName } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
-import type { ServerTimeouts } from "../platform/timeouts.ts";
 import type { Caip2 } from "../x402/networks.ts";
 import { createWalletsApp, DEFAULT_MAX_AUTHORIZATION_SECONDS, DEFAULT_WALLETS_BODY_LIMIT } from "./app.ts";
 import { createChainAccess } from "./chain.ts";
@@ -19,7 +18,7 @@ import { createWalletStore, WALLETS_MIGRATIONS } from "./store.ts";
 export const DEFAULT_WALLETS_PORT = 4040;
 export const DEFAULT_WALLETS_ADMIN_PORT = 9440;
 
-export interface WalletsServiceOptions extends ServicePorts, DatabaseOptions {
+export interface WalletsServiceOptions extends ServiceOptions, DatabaseOptions {
   /** The master key file (a mounted Secret): `<id>:<64 hex>` per line, the primary first. */
   masterKeyFile?: string;
   /** A fixed keyring instead of a file (embedding, tests). */
@@ -42,20 +41,12 @@ export interface WalletsServiceOptions extends ServicePorts, DatabaseOptions {
   fetchMaxResponseBytes?: number;
   maxAuthorizationSeconds?: number;
   bodyLimit?: number;
-  /** Connection bounds of the public and admin ports; unset ones come from HTTP_*_TIMEOUT_MS or the defaults. */
-  httpTimeouts?: Partial<ServerTimeouts>;
-  logger?: Logger;
-  /** Clock in ms (tests pass their own). */
-  now?: () => number;
 }
 
-export interface RunningWallets {
-  /** Base URL; clients call `${url}/v1/wallets` and so on. */
-  url: string;
-  adminUrl: string;
+/** Clients call `${url}/v1/wallets` and so on. */
+export interface RunningWallets extends RunningService {
   /** Reloads the master key file and re-wraps every data key under the primary. */
   rotate(): Promise<RotationResult>;
-  close(): Promise<void>;
 }
 
 export async function startWalletsService(opts: WalletsServiceOptions = {}): Promise<RunningWallets> {
