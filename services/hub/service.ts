@@ -1,6 +1,7 @@
-// Starts the hub: the database (embedded engine under a data directory, or PostgreSQL by URL) with
-// the hub's migrations, the signature verifier (ERC-1271 through an RPC when one is configured),
-// the HTTP app, the admin port (/metrics, /healthz, /readyz), and a periodic sweep of expired nonces.
+// Starts the hub: the database (embedded engine under a data directory, PostgreSQL by URL, or one the
+// caller shares and closes itself) with the hub's migrations, the signature verifier (ERC-1271
+// through an RPC when one is configured), the HTTP app, the admin port (/metrics, /healthz,
+// /readyz), and a periodic sweep of expired nonces.
 import { createPublicClient, getAddress, http, isAddress, type Address, type Hex, type PublicClient } from "viem";
 import { databaseLabel, serve, serviceDatabase, startService, type DatabaseOptions, type RunningService, type ServiceOptions } from "../platform/lifecycle.ts";
 import { createLogger, endpointName } from "../platform/logger.ts";
