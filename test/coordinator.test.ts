@@ -269,7 +269,7 @@ describe("the settlement record: claimed → sent → succeeded | failed", () =>
     await store.claim("record-2", "d", "exact", null, {}, "o", 60_000);
     await expect(db.query(`UPDATE settlement_payments SET state = 'succeeded' WHERE network = $1 AND payment_id = 'record-2'`, [network])).rejects.toThrow(/settlement_payments_answered/);
     await expect(db.query(`UPDATE settlement_payments SET response = '{}' WHERE network = $1 AND payment_id = 'record-2'`, [network])).rejects.toThrow(/settlement_payments_answered/);
-    await expect(db.query(`UPDATE settlement_payments SET state = 'pending' WHERE network = $1 AND payment_id = 'record-2'`, [network])).rejects.toThrow(/settlement_payments_state_check/);
+    await expect(db.query(`UPDATE settlement_payments SET state = 'dropped' WHERE network = $1 AND payment_id = 'record-2'`, [network])).rejects.toThrow(/settlement_payments_state_check/);
   });
 
   it("a pending answer is built on read: past the bound the record stays sent, with no stored answer", async () => {
@@ -320,5 +320,70 @@ describe("the settlement record: claimed → sent → succeeded | failed", () =>
     } finally {
       await old.close();
     }
+  });
+});
+
+describe("the settlement record: recovery from a process that stopped halfway", () => {
+  const signer = "0x00000000000000000000000000000000000000A4" as const;
+  let nonce = 0;
+  const store = () => createSettlementStore(db, network);
+  const stored = async (s: ReturnType<typeof store>, id: string, owner: string) =>
+    s.allocateAndStore({ paymentId: id, claimOwner: owner, signer, to: requirements.asset as `0x${string}`, data: "0x", gas: 21_000n, maxFeePerGas: 1n, maxPriorityFeePerGas: 1n }, async () => nonce, async (n) => ({ raw: "0x01", hash: `0x${(1000n + n).toString(16).padStart(64, "0")}` }));
+
+  it("a transaction inserted by a writer that does not know `sent` (an older version during a rolling upgrade) still makes its payment sent", async () => {
+    const s = store();
+    await s.claim("upgrade-1", "d", "exact", null, {}, "old-pod", 60_000);
+    await db.query(
+      `INSERT INTO settlement_outbox (network, payment_id, signer, nonce, to_address, data, gas, max_fee_per_gas, max_priority_fee_per_gas, raw_tx, hash, hashes, state, kind) VALUES ($1, 'upgrade-1', $2, 900, $2, '0x', 1, 1, 1, '0x', '0x', ARRAY['0x'], 'signed', 'eip3009_transfer')`,
+      [network, signer],
+    );
+    expect((await s.payment("upgrade-1"))!.state).toBe("sent");
+    expect(await s.takeOver("upgrade-1", "d2", {}, "new-pod", 1)).toBe(false);
+    // Its bounded wait ends by storing a pending answer, as that version did: the record stays sent, with no answer.
+    await db.query(`UPDATE settlement_payments SET state = 'pending', response = '{"success":false}' WHERE network = $1 AND payment_id = 'upgrade-1'`, [network]);
+    expect(await s.payment("upgrade-1")).toMatchObject({ state: "sent", response: null });
+  });
+
+  it("every transaction dropped and no run left to replace it: the payment is answered failed, nothing moved, and its reservation ends", async () => {
+    const s = store();
+    const c = createSettlementCoordinator({ store: s, chain: {} as ChainClient, network, waitBoundMs: 2000, confirmations: 1, leaseMs: 100, pollIntervalMs: 10 });
+    const p = payload(`0x${"0a".repeat(32)}`);
+    // The run stores its transaction, the nonce turns out used outside the fleet (dropped), and the process dies before taking the next one.
+    await expect(
+      c.settle({
+        payload: p,
+        requirements,
+        reusedReason,
+        run: async () => {
+          const ctx = settlementContext.getStore()!;
+          const row = await stored(s, ctx.paymentId, ctx.owner!);
+          await s.markDropped(row.id, "nonce used outside the fleet", "nonce_too_low");
+          throw new Error("process died");
+        },
+      }),
+    ).rejects.toThrow("process died");
+    await new Promise((r) => setTimeout(r, 150)); // past the lease: no run can still be replacing it
+    const answer = await c.settle({ payload: p, requirements, reusedReason, run: async () => { throw new Error("must not run"); } });
+    expect(answer).toMatchObject({ success: false, errorReason: "invalid_transaction_state", transaction: "" });
+    expect((await s.payment(paymentIdentity(p, requirements).id))!.state).toBe("failed");
+  });
+
+  it("a reorged success mined again as a revert is corrected even when the process that marked it mined stopped before correcting", async () => {
+    const reversed: string[] = [];
+    const s = createSettlementStore(db, network, { onReversed: (id) => reversed.push(id) });
+    await s.claim("reorg-1", "d", "exact", "0x70997970C51812dc3A010C7d01b50e0d17dc79C8", {}, "o", 60_000);
+    const row = await stored(s, "reorg-1", "o");
+    nonce++;
+    await s.recordMined("reorg-1", row.id, row.hash, true, undefined, { blockNumber: 10n, blockHash: "0xaa" });
+    expect((await s.payment("reorg-1"))!.response).toMatchObject({ success: true });
+    expect(await s.reorged(row.id, "0xaa")).toBeDefined(); // left the canonical chain: back on its way
+    // Process A marks it mined again, as a revert, and dies before it records the payment.
+    await s.markMined(row.id, row.hash, false, undefined, { blockNumber: 11n, blockHash: "0xbb" });
+    // Process B finds it marked and records from the stored facts: the canonical chain's outcome wins.
+    const s2 = createSettlementStore(db, network, { onReversed: (id) => reversed.push(id) });
+    await s2.recordMined("reorg-1", row.id, row.hash, false);
+    expect((await s.payment("reorg-1"))!.response).toMatchObject({ success: false, transaction: row.hash });
+    expect((await s.payment("reorg-1"))!.state).toBe("failed");
+    expect(reversed).toEqual(["reorg-1"]); // said once, by the process that corrected it
   });
 });

@@ -30,7 +30,7 @@ import { SETTLEMENT_BUSY, SETTLEMENT_PENDING, failureAnswer, pendingAnswer } fro
 import { settlementContext } from "./context.ts";
 import { paymentDigest, paymentIdentity } from "./payment-id.ts";
 import { pollMined, sleep } from "./receipts.ts";
-import { isDecisive, isFinal, type SettlementStore } from "./store.ts";
+import { isDecisive, isFinal, type OutboxRow, type SettlementStore } from "./store.ts";
 
 export interface CoordinatorOptions {
   store: SettlementStore;
@@ -83,24 +83,40 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
       if (isFinal(row)) return row.response;
       const txs = (await store.outboxForPayment(paymentId)).filter(isDecisive);
       const open = txs.filter((t) => OPEN.has(t.state));
-      for (const tx of open) {
-        const mined = await pollMined(opts.chain, tx.hashes, opts.confirmations); // one shared, budgeted poller per process
-        if (mined) {
-          const { receipt } = mined;
-          await store.recordMined(paymentId, tx.id, mined.hash, receipt.status === "success", receipt.gasUsed * receipt.effectiveGasPrice, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });
-          gas?.noteMined(tx.id, receipt.gasUsed * receipt.effectiveGasPrice);
-          continue; // answered from the record
-        }
-      }
-      const settled = txs.find((t) => t.state === "confirmed" || t.state === "reverted");
-      if (settled && open.length === 0) {
-        await store.recordMined(paymentId, settled.id, settled.mined_hash!, settled.state === "confirmed");
-        continue;
-      }
+      if (await recordOutcome(paymentId, txs, open, gas)) continue; // answered from the record
       // `sent` means a decisive transaction is stored, so a pending answer always names one.
       if (Date.now() >= deadline) return pendingAnswer(network, row.payer, (open[open.length - 1] ?? txs[txs.length - 1]!).hash);
       await sleep(poll);
     }
+  }
+
+  /**
+   * Records the outcome of a `sent` payment when one is known: a receipt of an open transaction,
+   * a mined one nobody recorded (its recorder died), or every transaction dropped long enough ago
+   * that no run is still replacing it (a crash between dropping a nonce and taking the next).
+   */
+  async function recordOutcome(paymentId: string, txs: OutboxRow[], open: OutboxRow[], gas?: GasMeter): Promise<boolean> {
+    for (const tx of open) {
+      const mined = await pollMined(opts.chain, tx.hashes, opts.confirmations); // one shared, budgeted poller per process
+      if (mined) {
+        const { receipt } = mined;
+        await store.recordMined(paymentId, tx.id, mined.hash, receipt.status === "success", receipt.gasUsed * receipt.effectiveGasPrice, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });
+        gas?.noteMined(tx.id, receipt.gasUsed * receipt.effectiveGasPrice);
+        return true;
+      }
+    }
+    if (open.length > 0) return false;
+    const settled = txs.find((t) => t.state === "confirmed" || t.state === "reverted");
+    if (settled) {
+      await store.recordMined(paymentId, settled.id, settled.mined_hash!, settled.state === "confirmed");
+      return true;
+    }
+    const last = txs[txs.length - 1];
+    if (last && txs.every((t) => t.state === "dropped" && t.age_seconds * 1000 > leaseMs)) {
+      await store.recordRejected(paymentId, last.reject_reason ?? "dropped", false);
+      return true;
+    }
+    return false;
   }
 
   /** This caller holds the claim: run the mechanism, then record what happened. */
@@ -138,6 +154,12 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
     if (result.success && mined) {
       // The mined hash may be a fee replacement of the one the mechanism sent.
       return (await store.record(paymentId, { ...result, transaction: mined.mined_hash! })) ?? answerOf(paymentId, payer);
+    }
+    if (mined && txs.every((t) => t.state === "confirmed" || t.state === "dropped")) {
+      // The mechanism gave up (its receipt wait ended) while another process saw the transaction
+      // mined: the chain's outcome is the answer, never the mechanism's failure.
+      await store.recordMined(paymentId, mined.id, mined.mined_hash!, true);
+      return answerOf(paymentId, payer);
     }
     if (!result.success && result.errorReason !== SETTLEMENT_PENDING && txs.every((t) => !OPEN.has(t.state))) {
       return (await store.record(paymentId, result)) ?? answerOf(paymentId, payer);

@@ -113,13 +113,13 @@ export function startReconciler(opts: ReconcilerOptions) {
         nonceTakenAt.delete(tx.id);
         await store.markDropped(tx.id, "nonce used outside the fleet", outcome);
         await store.advanceNonce(tx.signer, await chain.client.getTransactionCount({ address: tx.signer, blockTag: "pending" }));
-        if (!filler) await store.recordRejected(tx.payment_id, outcome);
+        if (!filler) await store.recordRejected(tx.payment_id, outcome, tx.reorged);
         return;
       }
       default:
         if (filler) return; // a zero-value self-transfer refused for good cannot be fixed by another one: keep trying
         await signer.retire(tx, outcome, outcome);
-        await store.recordRejected(tx.payment_id, outcome);
+        await store.recordRejected(tx.payment_id, outcome, tx.reorged);
     }
   }
 

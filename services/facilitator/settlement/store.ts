@@ -4,8 +4,9 @@
 //
 // A payment row is `claimed → sent → succeeded | failed`:
 // - claimed: one request holds it (owner, lease) and may run the mechanism; nothing decisive is stored.
-// - sent: set in the very SQL transaction that stores its first decisive transaction (allocateAndStore);
-//   from then on it is never executed again, only its transactions are driven to a receipt.
+// - sent: set by the database when its first decisive transaction is inserted (a trigger, so in the
+//   very SQL transaction of allocateAndStore, whatever version wrote it); from then on it is never
+//   executed again, only its transactions are driven to a receipt.
 // - succeeded | failed: final, with the answer every caller gets (a CHECK: a final state always has
 //   its answer, and only a final state has one). A pending answer is built on read, never stored.
 import type { SettleResponse } from "@x402/core/types";
@@ -144,9 +145,20 @@ CREATE INDEX settlement_gas_fundings_day ON settlement_gas_fundings (network, da
   {
     // The record says what the code does: `sent` once a decisive transaction is stored (read from
     // the outbox before), no stored pending answers, and a final state always has its answer.
+    // The database makes a payment `sent` when its first decisive transaction is inserted, for any
+    // writer: a process of an older version, still running during a rolling upgrade, too (whose
+    // stored pending answer becomes `sent` with none). The
+    // trigger exists before the rows are converted, and the first statement locks the payments, so
+    // no transaction stored meanwhile is missed.
     id: "settlement/007_sent_state",
     sql: `
 ALTER TABLE settlement_payments DROP CONSTRAINT settlement_payments_state_check;
+CREATE FUNCTION settlement_payment_sent() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+  UPDATE settlement_payments SET state = 'sent', lease_until = NULL, updated_at = now() WHERE network = NEW.network AND payment_id = NEW.payment_id AND state = 'claimed'; RETURN NULL; END $$;
+CREATE FUNCTION settlement_payment_unstored_pending() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.state = 'pending' THEN NEW.state := 'sent'; NEW.response := NULL; END IF; RETURN NEW; END $$;
+CREATE TRIGGER settlement_payments_pending BEFORE UPDATE ON settlement_payments FOR EACH ROW WHEN (NEW.state = 'pending') EXECUTE FUNCTION settlement_payment_unstored_pending();
+CREATE TRIGGER settlement_outbox_sent AFTER INSERT ON settlement_outbox FOR EACH ROW
+  WHEN (COALESCE(NEW.kind, '') NOT IN (${AUXILIARY_KINDS.map((k) => `'${k}'`).join(", ")})) EXECUTE FUNCTION settlement_payment_sent();
 UPDATE settlement_payments p SET state = 'sent'
   WHERE state = 'pending' OR (state = 'claimed' AND EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = p.network AND o.payment_id = p.payment_id AND ${DECISIVE}));
 UPDATE settlement_payments SET response = NULL, lease_until = NULL WHERE state = 'sent';
@@ -213,6 +225,8 @@ export interface OutboxRow {
   mined_block_hash: `0x${string}` | null;
   revert_reason: string | null;
   revert_message: string | null;
+  /** Put back on its way by a reorg once (its outcome may correct a recorded one). */
+  reorged: boolean;
 }
 
 export interface SignedTransaction {
@@ -244,15 +258,17 @@ export interface NewOutboxEntry {
 const OUTBOX_COLUMNS = `id::text AS id, payment_id, signer, nonce::text AS nonce, to_address, data, gas::text AS gas,
   max_fee_per_gas::text AS max_fee_per_gas, max_priority_fee_per_gas::text AS max_priority_fee_per_gas,
   raw_tx, hash, hashes, state, attempts, mined_hash, EXTRACT(EPOCH FROM (now() - COALESCE(reorged_at, created_at)))::float8 AS age_seconds,
-  raw_txs, kind, reject_reason, mined_block_number::text AS mined_block_number, mined_block_hash, revert_reason, revert_message, value::text AS value`;
+  raw_txs, kind, reject_reason, mined_block_number::text AS mined_block_number, mined_block_hash, revert_reason, revert_message, value::text AS value, reorged_at IS NOT NULL AS reorged`;
 
 /** What recording a mined transaction needs of its outbox row. */
 interface MinedFacts {
   decisive: boolean;
+  /** Mined again after a reorg: its outcome corrects whatever was recorded. */
+  reorged: boolean;
   revert_reason: string | null;
   revert_message: string | null;
 }
-const MINED_FACTS = `(${DECISIVE}) AS decisive, o.revert_reason, o.revert_message`;
+const MINED_FACTS = `(${DECISIVE}) AS decisive, o.reorged_at IS NOT NULL AS reorged, o.revert_reason, o.revert_message`;
 
 /** Where a receipt was mined, so a reorg that removes it can be noticed. */
 export interface MinedAt {
@@ -398,15 +414,15 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       const seed = (await this.hasNonce(entry.signer)) ? undefined : await initialNonce();
       return db.transaction(async (tx) => {
         if (entry.claimOwner) {
-          // The fence: sign only while this run still holds its payment's claim. The payment's own
-          // transaction makes it `sent` (never taken over, never released, never executed again);
+          // The fence: sign only while this run still holds its payment's claim (the row lock also
+          // orders it against a take-over). The payment's own transaction makes it `sent` (the
+          // trigger of migration 007: never taken over, never released, never executed again);
           // a funding or a deployment keeps it `claimed` with its lease: until the payment's own
           // transaction exists, a crashed run's claim may be taken over (the preparation is found
           // done, not repeated). A run re-sending on another nonce finds its payment `sent`.
           const held = await tx.query(
-            `UPDATE settlement_payments SET state = CASE WHEN $4 THEN 'sent' ELSE state END, lease_until = CASE WHEN $4 THEN NULL ELSE lease_until END, updated_at = now()
-             WHERE network = $1 AND payment_id = $2 AND owner = $3 AND state IN ('claimed', 'sent') RETURNING 1`,
-            [network, entry.paymentId, entry.claimOwner, isDecisive({ kind: entry.kind ?? null })],
+            `UPDATE settlement_payments SET updated_at = now() WHERE network = $1 AND payment_id = $2 AND owner = $3 AND state IN ('claimed', 'sent') RETURNING 1`,
+            [network, entry.paymentId, entry.claimOwner],
           );
           if (held.length === 0) throw new ClaimLostError(`the claim on this payment passed to another request; nothing was signed`);
         }
@@ -477,10 +493,9 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       if (!tx?.decisive) return;
       const payment = await this.payment(paymentId);
       if (!payment) return;
-      const response = minedAnswer(network, payment, minedHash, success, { reason: tx.revert_reason, message: tx.revert_message });
-      if (mined.reorged) {
-        if (await this.correct(paymentId, response)) hooks.onReversed?.(paymentId);
-      } else await this.record(paymentId, response);
+      // A reorged transaction's outcome corrects the record, also when the process that marked it
+      // mined stopped before correcting it.
+      await this.settleRecord(paymentId, minedAnswer(network, payment, minedHash, success, { reason: tx.revert_reason, message: tx.revert_message }), tx.reorged);
     },
 
     /**
@@ -493,10 +508,10 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
         const [row] = await db.query<OutboxRow>(`SELECT ${OUTBOX_COLUMNS} FROM settlement_outbox WHERE id = $1 AND state IN ('signed', 'broadcast')`, [id]);
         if (row) why = await hooks.explainRevert(row, minedHash, minedAt).catch(() => undefined);
       }
-      const rows = await db.query<MinedFacts & { signer: string; reorged: boolean }>(
+      const rows = await db.query<MinedFacts & { signer: string }>(
         `UPDATE settlement_outbox o SET state = $2, mined_hash = $3, mined_block_number = $4::bigint, mined_block_hash = $5::text, watched = $4::bigint IS NOT NULL,
            revert_reason = $6::text, revert_message = $7::text, updated_at = now()
-         WHERE id = $1 AND state IN ('signed', 'broadcast') RETURNING signer, reorged_at IS NOT NULL AS reorged, ${MINED_FACTS}`,
+         WHERE id = $1 AND state IN ('signed', 'broadcast') RETURNING signer, ${MINED_FACTS}`,
         [id, success ? "confirmed" : "reverted", minedHash, minedAt?.blockNumber.toString() ?? null, minedAt?.blockHash ?? null, why?.code ?? null, why?.message ?? null],
       );
       const row = rows[0];
@@ -541,10 +556,16 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       });
     },
 
-    /** A payment whose transaction was refused for good: recorded as failed (its nonce was retired). */
-    async recordRejected(paymentId: string, reason: string): Promise<void> {
+    /** A payment whose transaction was refused for good: recorded as failed (its nonce was retired); a correction when it had been mined before a reorg. */
+    async recordRejected(paymentId: string, reason: string, reorged: boolean): Promise<void> {
       const payment = await this.payment(paymentId);
-      if (payment) await this.record(paymentId, rejectedAnswer(network, payment.payer, reason));
+      if (payment) await this.settleRecord(paymentId, rejectedAnswer(network, payment.payer, reason), reorged);
+    },
+
+    /** Records an outcome; after a reorg, corrects whatever was recorded (and says so when a success became a failure). */
+    async settleRecord(paymentId: string, response: SettleResponse, reorged: boolean): Promise<void> {
+      if (!reorged) await this.record(paymentId, response);
+      else if (await this.correct(paymentId, response)) hooks.onReversed?.(paymentId);
     },
 
     /** Mined rows not yet `confirmations` deep: the reconciler checks they are still on chain. */
