@@ -2,7 +2,7 @@
 // opened (ports listen again, the database pool has no connection left), close runs once, and a
 // service never closes a database it was given.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createServer, type Server } from "node:net";
+import { connect, createServer, type Server, type Socket } from "node:net";
 import { randomBytes } from "node:crypto";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -159,6 +159,41 @@ describe("a database the caller passes stays the caller's", () => {
       expect(await shared.query("SELECT 1 AS ok")).toEqual([{ ok: 1 }]);
     } finally {
       await shared.close();
+    }
+  });
+});
+
+describe("a database that goes away is the service being unavailable, never a bug", () => {
+  it("node-postgres's code-less failures (a connection cut mid-query, a pool that cannot connect) count as database errors", async () => {
+    const { isDatabaseError } = await import("../services/platform/http-kit.ts");
+    const target = new URL(PG_URL);
+    // A TCP proxy in front of PostgreSQL, so the connection can be cut the way a network or a failover cuts it.
+    const sockets = new Set<Socket>();
+    const proxy = createServer((client) => {
+      const upstream = connect(Number(target.port || 5432), target.hostname);
+      sockets.add(client).add(upstream);
+      client.pipe(upstream).pipe(client);
+      client.on("error", () => {});
+      upstream.on("error", () => {});
+    });
+    await new Promise<void>((resolve) => proxy.listen(0, "127.0.0.1", resolve));
+    const via = new URL(PG_URL);
+    via.hostname = "127.0.0.1";
+    via.port = String((proxy.address() as { port: number }).port);
+    const db = await openDatabase({ url: via.toString() });
+    try {
+      expect(await db.query("SELECT 1 AS one")).toEqual([{ one: 1 }]);
+      const query = db.query("SELECT pg_sleep(5)");
+      await new Promise((r) => setTimeout(r, 200));
+      for (const s of sockets) s.destroy();
+      const cut = await query.then(() => undefined, (e: unknown) => e as Error);
+      expect(cut).toBeInstanceOf(Error);
+      expect(isDatabaseError(cut as Error), String(cut)).toBe(true);
+      // A program bug is not one.
+      expect(isDatabaseError(new TypeError("Cannot read properties of undefined"))).toBe(false);
+    } finally {
+      proxy.close();
+      await db.close().catch(() => {});
     }
   });
 });

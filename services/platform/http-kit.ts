@@ -47,8 +47,11 @@ export function rawBodyOf(body: unknown): string | undefined {
 }
 
 /** Database failures (connection lost, server errors) are the service being unavailable, not a bug. */
-export function isDatabaseError(e: { code?: unknown; severity?: unknown }): boolean {
-  return typeof e.severity === "string" || (typeof e.code === "string" && (/^[0-9A-Z]{5}$/.test(e.code) || ["ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "EPIPE"].includes(e.code)));
+export function isDatabaseError(e: { code?: unknown; severity?: unknown; message?: unknown }): boolean {
+  if (typeof e.severity === "string") return true;
+  if (typeof e.code === "string") return /^[0-9A-Z]{5}$/.test(e.code) || ["ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "EPIPE"].includes(e.code);
+  // node-postgres's own failures carry no code: a server that went away, a pool that could not connect in time.
+  return typeof e.message === "string" && /^(Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error)/.test(e.message);
 }
 
 function sendError(reply: FastifyReply, err: CodedError) {
