@@ -1,5 +1,6 @@
 // The one error shape every service answers with: `{"error": "<code>: <detail>"}` and an HTTP
-// status chosen by the code. Each service keeps its own closed set of codes.
+// status chosen by the code. Each service keeps its own closed set of codes: the HTTP kit's common
+// ones spread into a status table, whose keys are the service's code type.
 export class CodedError<C extends string = string> extends Error {
   constructor(
     readonly code: C,
@@ -15,3 +16,15 @@ export class CodedError<C extends string = string> extends Error {
     return { error: this.message };
   }
 }
+
+/** The codes the HTTP kit answers itself, in every service's catalogue. */
+export const COMMON_STATUS = {
+  invalid_json: 400,
+  invalid_request: 400,
+  unsupported_media_type: 415,
+  payload_too_large: 413,
+  not_found: 404,
+  method_not_allowed: 405,
+  backend_unavailable: 503,
+  internal_error: 500,
+} as const;

@@ -3,15 +3,14 @@
 // it, request metrics, a server span per request, body parsing, and 405 answers derived from the
 // routes the service registers. A service's own file keeps only its routes.
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest, type FastifyServerOptions } from "fastify";
-import { CodedError } from "./errors.ts";
+import { COMMON_STATUS, CodedError } from "./errors.ts";
 import type { Logger } from "./logger.ts";
 import type { Metrics } from "./metrics.ts";
 import { resolveServerTimeouts, serverTimeoutOptions, type ServerTimeouts } from "./timeouts.ts";
 import { withServerSpan } from "./tracing.ts";
 
 // The kit's own answers: every service's catalogue has these codes, with these statuses.
-const KIT_STATUS = { invalid_json: 400, invalid_request: 400, unsupported_media_type: 415, payload_too_large: 413, not_found: 404, method_not_allowed: 405, backend_unavailable: 503, internal_error: 500 };
-const kitError = (code: keyof typeof KIT_STATUS, detail: string, headers?: Record<string, string>) => new CodedError(code, detail, KIT_STATUS[code], headers);
+const kitError = (code: keyof typeof COMMON_STATUS, detail: string, headers?: Record<string, string>) => new CodedError(code, detail, COMMON_STATUS[code], headers);
 
 // In the order an Allow header lists them; HEAD comes with GET (fastify adds it).
 const METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
