@@ -429,20 +429,12 @@ function asCaller(signer: OutboxSigner, address: Address): OutboxSigner {
 /** How a settlement is identified, reserved and sent, by scheme and payload type. */
 function settleJobOf(payload: PaymentPayload, requirements: PaymentRequirements): Omit<SettleJob, "run"> {
   const inner = payload.payload as BatchPayloadFields & { authorization?: { from?: string }; permit2Authorization?: { from?: string; witness?: { facilitator?: string } } };
-  const asset = getAddress(requirements.asset);
-  const amount = BigInt(requirements.amount);
-  if (requirements.scheme === "upto") {
-    const named = inner.permit2Authorization?.witness?.facilitator;
-    const payer = getAddress(inner.permit2Authorization!.from!);
-    return {
-      payload,
-      requirements,
-      signer: named ? getAddress(named) : undefined,
-      extra: { amount: requirements.amount },
-      reusedReason: "permit2_invalid_nonce",
-      reservation: { asset, payer, amount, insufficientReason: "permit2_insufficient_balance" },
-    };
-  }
+  const takes = (reusedReason: string, from: string, insufficientReason: string) => ({
+    payload,
+    requirements,
+    reusedReason,
+    reservation: { asset: getAddress(requirements.asset), payer: getAddress(from), amount: BigInt(requirements.amount), insufficientReason },
+  });
   if (requirements.scheme === "batch-settlement") {
     // A batch sweep carries nothing unique (receiver, token) and may legitimately repeat: no replay identity.
     if (inner.type === "settle") return { payload, requirements, unique: true, reusedReason: TRANSACTION_FAILED };
@@ -456,12 +448,14 @@ function settleJobOf(payload: PaymentPayload, requirements: PaymentRequirements)
         : {}),
     };
   }
-  if (inner.authorization?.from && !inner.permit2Authorization) {
-    const payer = getAddress(inner.authorization.from);
-    return { payload, requirements, reusedReason: "invalid_exact_evm_nonce_already_used", reservation: { asset, payer, amount, insufficientReason: "invalid_exact_evm_insufficient_balance" } };
+  if (requirements.scheme === "exact" && inner.authorization?.from && !inner.permit2Authorization) {
+    return takes("invalid_exact_evm_nonce_already_used", inner.authorization.from, "invalid_exact_evm_insufficient_balance");
   }
-  const payer = getAddress(inner.permit2Authorization!.from!);
-  return { payload, requirements, reusedReason: "permit2_invalid_nonce", reservation: { asset, payer, amount, insufficientReason: "permit2_insufficient_balance" } };
+  // Permit2 (exact, upto): upto is sent from the key its witness names and answers with the settled amount.
+  const job = takes("permit2_invalid_nonce", inner.permit2Authorization!.from!, "permit2_insufficient_balance");
+  if (requirements.scheme !== "upto") return job;
+  const named = inner.permit2Authorization?.witness?.facilitator;
+  return { ...job, signer: named ? getAddress(named) : undefined, extra: { amount: requirements.amount } };
 }
 
 interface BatchPayloadFields {

@@ -119,18 +119,8 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     life.defer(() => reconciler.stop());
     const screening = config.denyListFile ? life.own(watchDenyList(config.denyListFile, log)) : undefined;
     const hook = config.screening;
-    const screeningHook = hook
-      ? createScreeningHook({
-          url: hook.url,
-          timeoutMs: hook.timeoutMs,
-          failOpen: hook.failOpen,
-          cacheMs: hook.cacheMs,
-          authorization: hook.tokenFile ? `Bearer ${readFileSync(hook.tokenFile, "utf8").trim()}` : undefined,
-          network: config.network,
-          logger: log,
-          metrics,
-        })
-      : undefined;
+    const token = hook?.tokenFile ? `Bearer ${readFileSync(hook.tokenFile, "utf8").trim()}` : undefined;
+    const screeningHook = hook ? createScreeningHook({ ...hook, authorization: token, network: config.network, logger: log, metrics }) : undefined;
     const sponsoring = config.approvalSponsoring;
     const approvalSponsor = sponsoring
       ? createApprovalSponsor({ signer, chain, store, network: config.network, logger: log, metrics, ...sponsoring, simulateFrom: config.uptoFacilitatorAddress, receiptTimeoutMs: config.receiptTimeoutMs })
