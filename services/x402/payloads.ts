@@ -2,7 +2,7 @@
 // the reference mechanisms call getAddress()/BigInt() on these fields and would throw on garbage.
 import { z } from "zod";
 import { RequestError } from "./errors.ts";
-import { bytes32, hexAddress, hexBytes, uintString } from "./wire.ts";
+import { bytes32, hexAddress, hexBytes, parseOrThrow, uintString } from "./wire.ts";
 
 const signature = hexBytes.refine((s) => s.length >= 4 && s.length <= 2 + 2 * 4096, "signature length out of range");
 
@@ -54,11 +54,5 @@ export function checkSchemePayload(scheme: string, payload: unknown): void {
     throw new RequestError("invalid_payload", "paymentPayload.payload carries both authorization (EIP-3009) and permit2Authorization; send one");
   }
   const schema = schemaFor(scheme, payload);
-  if (!schema) return;
-  const result = schema.safeParse(payload);
-  if (!result.success) {
-    const issue = result.error.issues[0]!;
-    const path = ["paymentPayload.payload", ...issue.path].join(".");
-    throw new RequestError("invalid_payload", issue.code === "invalid_type" && issue.received === "undefined" ? `${path} is required` : `${path}: ${issue.message}`);
-  }
+  if (schema) parseOrThrow(schema, payload, "paymentPayload.payload", "invalid_payload");
 }

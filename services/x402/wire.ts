@@ -21,7 +21,7 @@ export const uintString = z
 const network = z.string().regex(CAIP2_PATTERN, "expected a CAIP-2 eip155 network such as eip155:8453");
 const scheme = z.string().min(1).max(64);
 
-const requirementsFields = {
+const requirementsSchema = z.object({
   scheme,
   network,
   asset: hexAddress,
@@ -34,8 +34,7 @@ const requirementsFields = {
   resource: z.string().max(4096).optional(),
   description: z.string().max(4096).optional(),
   mimeType: z.string().max(256).optional(),
-};
-const requirementsSchema = z.object(requirementsFields);
+});
 type RawRequirements = z.infer<typeof requirementsSchema>;
 
 const resourceInfo = z.object({ url: z.string().max(4096), description: z.string().max(4096).optional(), mimeType: z.string().max(256).optional() });
@@ -63,12 +62,10 @@ function describeIssue(prefix: string, issue: z.ZodIssue): string {
   return `${path}: ${issue.message}`;
 }
 
-function parseOrThrow<T>(schema: z.ZodType<T>, value: unknown, prefix: string, code: "invalid_request" | "invalid_payload" = "invalid_request"): T {
+/** The value `schema` parses, or a RequestError naming the first issue's path under `prefix`. */
+export function parseOrThrow<T>(schema: z.ZodType<T>, value: unknown, prefix: string, code: "invalid_request" | "invalid_payload" = "invalid_request"): T {
   const result = schema.safeParse(value);
-  if (!result.success) {
-    const issue = result.error.issues[0]!;
-    throw new RequestError(code, describeIssue(prefix, issue));
-  }
+  if (!result.success) throw new RequestError(code, describeIssue(prefix, result.error.issues[0]!));
   return result.data;
 }
 
@@ -93,33 +90,24 @@ function toRequirements(req: RawRequirements, where: string): PaymentRequirement
   };
 }
 
-/**
- * Validates a /verify or /settle body and returns the internal form.
- * Throws RequestError (HTTP 400) for anything malformed.
- */
+const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
+
 /** The envelope checks both the router and the facilitator make: objects present, version 2 inside the payload. */
-function checkEnvelope(body: unknown): { envelope: Record<string, unknown>; rawPayload: Record<string, unknown>; rawRequirements: Record<string, unknown> } {
-  if (typeof body !== "object" || body === null || Array.isArray(body)) {
-    throw new RequestError("invalid_request", "body must be a JSON object with paymentPayload and paymentRequirements");
-  }
-  const envelope = body as Record<string, unknown>;
-  const rawPayload = envelope.paymentPayload;
-  if (typeof rawPayload !== "object" || rawPayload === null || Array.isArray(rawPayload)) {
-    throw new RequestError("invalid_request", "paymentPayload is required and must be an object");
-  }
-  const rawRequirements = envelope.paymentRequirements;
-  if (typeof rawRequirements !== "object" || rawRequirements === null || Array.isArray(rawRequirements)) {
-    throw new RequestError("invalid_request", "paymentRequirements is required and must be an object");
-  }
-  const version = (rawPayload as Record<string, unknown>).x402Version;
+function checkEnvelope(body: unknown): { rawPayload: Record<string, unknown>; rawRequirements: Record<string, unknown> } {
+  if (!isObject(body)) throw new RequestError("invalid_request", "body must be a JSON object with paymentPayload and paymentRequirements");
+  const rawPayload = body.paymentPayload;
+  if (!isObject(rawPayload)) throw new RequestError("invalid_request", "paymentPayload is required and must be an object");
+  const rawRequirements = body.paymentRequirements;
+  if (!isObject(rawRequirements)) throw new RequestError("invalid_request", "paymentRequirements is required and must be an object");
+  const version = rawPayload.x402Version;
   if (version === undefined) {
-    const hint = envelope.x402Version !== undefined ? " (a top-level x402Version is not read: put it inside paymentPayload)" : "";
+    const hint = body.x402Version !== undefined ? " (a top-level x402Version is not read: put it inside paymentPayload)" : "";
     throw new RequestError("unsupported_version", `paymentPayload.x402Version is missing${hint}`);
   }
   if (version !== 2) {
     throw new RequestError("unsupported_version", `paymentPayload.x402Version ${JSON.stringify(version)} is not served; this facilitator speaks x402 version 2`);
   }
-  return { envelope, rawPayload: rawPayload as Record<string, unknown>, rawRequirements: rawRequirements as Record<string, unknown> };
+  return { rawPayload, rawRequirements };
 }
 
 const routeSchema = z.object({ scheme, network });
@@ -133,10 +121,14 @@ export function routeOf(body: unknown): { scheme: string; network: string } {
   return parseOrThrow(routeSchema, { scheme: rawRequirements.scheme, network: rawRequirements.network }, "paymentRequirements");
 }
 
+/**
+ * Validates a /verify or /settle body and returns the internal form.
+ * Throws RequestError (HTTP 400) for anything malformed.
+ */
 export function normalizeRequest(body: unknown): FacilitatorRequest {
-  const { envelope, rawPayload } = checkEnvelope(body);
+  const { rawPayload, rawRequirements } = checkEnvelope(body);
   const payload = parseOrThrow(payloadSchema, rawPayload, "paymentPayload");
-  const requirements = toRequirements(parseOrThrow(requirementsSchema, envelope.paymentRequirements, "paymentRequirements"), "paymentRequirements");
+  const requirements = toRequirements(parseOrThrow(requirementsSchema, rawRequirements, "paymentRequirements"), "paymentRequirements");
 
   let accepted: PaymentRequirements;
   if (payload.accepted) {
@@ -149,11 +141,10 @@ export function normalizeRequest(body: unknown): FacilitatorRequest {
   }
 
   const resourceUrl = typeof payload.resource === "string" ? payload.resource : payload.resource?.url;
-  const rawReq = envelope.paymentRequirements as Record<string, unknown>;
   const resource = payload.resource && typeof payload.resource === "object"
     ? payload.resource
-    : resourceUrl !== undefined || typeof rawReq.resource === "string"
-      ? { url: resourceUrl ?? (rawReq.resource as string) }
+    : resourceUrl !== undefined || typeof rawRequirements.resource === "string"
+      ? { url: resourceUrl ?? (rawRequirements.resource as string) }
       : undefined;
 
   return {
