@@ -285,7 +285,8 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   async function send(row: Pick<OutboxRow, "id" | "raw_tx" | "hash" | "hashes">, sync = false): Promise<SendOutcome> {
     try {
       if (!(sync && (await sendSync(row)))) await client.sendRawTransaction({ serializedTransaction: row.raw_tx });
-      await opts.store.markBroadcast(row.id);
+      // A receipt that came with the send is recorded by the receipt wait straight away (signed → confirmed).
+      if (!syncReceipts.has(row.hash)) await opts.store.markBroadcast(row.id);
       return "sent";
     } catch (e) {
       const outcome = classifySendError(e);

@@ -413,31 +413,30 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     async allocateAndStore(entry: NewOutboxEntry, initialNonce: () => Promise<number>, sign: (nonce: bigint) => Promise<SignedTransaction>): Promise<OutboxRow> {
       const seed = (await this.hasNonce(entry.signer)) ? undefined : await initialNonce();
       return db.transaction(async (tx) => {
-        if (entry.claimOwner) {
-          // The fence: sign only while this run still holds its payment's claim (the row lock also
-          // orders it against a take-over). The payment's own transaction makes it `sent` (the
-          // trigger of migration 007: never taken over, never released, never executed again);
-          // a funding or a deployment keeps it `claimed` with its lease: until the payment's own
-          // transaction exists, a crashed run's claim may be taken over (the preparation is found
-          // done, not repeated). A run re-sending on another nonce finds its payment `sent`.
-          const held = await tx.query(
-            `UPDATE settlement_payments SET updated_at = now() WHERE network = $1 AND payment_id = $2 AND owner = $3 AND state IN ('claimed', 'sent') RETURNING 1`,
-            [network, entry.paymentId, entry.claimOwner],
-          );
-          if (held.length === 0) throw new ClaimLostError(`the claim on this payment passed to another request; nothing was signed`);
-        }
         if (seed !== undefined) {
           await tx.query(`INSERT INTO settlement_nonces (network, signer, next_nonce) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, [network, entry.signer, seed]);
         }
+        // The key's counter under a row lock, and the fence with it: sign only while this run still
+        // holds its payment's claim (its row locked too, so a take-over waits, and one that won
+        // first leaves no row here). The payment's own transaction makes it `sent` (the trigger of
+        // migration 007: never taken over, never released, never executed again); a funding or a
+        // deployment keeps it `claimed` with its lease: until the payment's own transaction exists,
+        // a crashed run's claim may be taken over (the preparation is found done, not repeated). A
+        // run re-sending on another nonce finds its payment `sent`.
         const [counter] = await tx.query<{ next_nonce: string }>(
-          `SELECT next_nonce::text AS next_nonce FROM settlement_nonces WHERE network = $1 AND signer = $2 FOR UPDATE`,
-          [network, entry.signer],
+          entry.claimOwner
+            ? `SELECT n.next_nonce::text AS next_nonce FROM settlement_nonces n
+               JOIN settlement_payments p ON p.network = n.network AND p.payment_id = $3 AND p.owner = $4 AND p.state IN ('claimed', 'sent')
+               WHERE n.network = $1 AND n.signer = $2 FOR UPDATE OF n, p`
+            : `SELECT next_nonce::text AS next_nonce FROM settlement_nonces WHERE network = $1 AND signer = $2 FOR UPDATE`,
+          entry.claimOwner ? [network, entry.signer, entry.paymentId, entry.claimOwner] : [network, entry.signer],
         );
-        const nonce = BigInt(counter!.next_nonce);
+        if (!counter) throw new ClaimLostError(`the claim on this payment passed to another request; nothing was signed`);
+        const nonce = BigInt(counter.next_nonce);
         const signed = await sign(nonce);
-        await tx.query(`UPDATE settlement_nonces SET next_nonce = $3 WHERE network = $1 AND signer = $2`, [network, entry.signer, (nonce + 1n).toString()]);
         const [row] = await tx.query<OutboxRow>(
-          `INSERT INTO settlement_outbox (network, payment_id, signer, nonce, to_address, data, gas, max_fee_per_gas, max_priority_fee_per_gas, raw_tx, hash, hashes, state, raw_txs, kind, value)
+          `WITH counter AS (UPDATE settlement_nonces SET next_nonce = $4::bigint + 1 WHERE network = $1 AND signer = $3)
+           INSERT INTO settlement_outbox (network, payment_id, signer, nonce, to_address, data, gas, max_fee_per_gas, max_priority_fee_per_gas, raw_tx, hash, hashes, state, raw_txs, kind, value)
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, ARRAY[$11], 'signed', ARRAY[$10], $12, $13) RETURNING ${OUTBOX_COLUMNS}`,
           [network, entry.paymentId, entry.signer, nonce.toString(), entry.to, entry.data, entry.gas.toString(), entry.maxFeePerGas.toString(), entry.maxPriorityFeePerGas.toString(), signed.raw, signed.hash, entry.kind ?? null, (entry.value ?? 0n).toString()],
         );
