@@ -3,10 +3,7 @@
 // public. Every error is a proper status with `{"error": "<code>: <detail>"}`, never a 500 for bad input.
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { stringToBytes } from "viem";
-import { createServiceApp } from "../platform/http-kit.ts";
-import type { Logger } from "../platform/logger.ts";
-import type { Metrics } from "../platform/metrics.ts";
-import type { ServerTimeouts } from "../platform/timeouts.ts";
+import { createServiceApp, type ServiceAppOptions } from "../platform/http-kit.ts";
 import { AUTH_HEADERS, DEFAULT_MAX_EXPIRY_SECONDS, HUB_WRITE_TYPES, authorizeWrite, hubMessageHash, readAuthorization, type HubDomain, type SignatureVerifier } from "./auth.ts";
 import { HubError } from "./errors.ts";
 import { createRateLimiter, type RateLimit, type RateLimiter } from "./rate-limit.ts";
@@ -19,10 +16,7 @@ export const DEFAULT_WRITE_RATE_LIMIT: RateLimit = { burst: 200, perSecond: 50 }
 export const DEFAULT_READ_RATE_LIMIT: RateLimit = { burst: 1000, perSecond: 200 };
 export const DEFAULT_WRITE_ATTEMPT_RATE_LIMIT: RateLimit = { burst: 200, perSecond: 50 };
 
-export interface HubAppOptions {
-  logger: Logger;
-  /** Request counts and latencies by route (x402_http_requests_total, x402_http_request_duration_seconds). */
-  metrics?: Metrics;
+export interface HubAppOptions extends Pick<ServiceAppOptions, "logger" | "metrics" | "timeouts"> {
   store: HubStore;
   domain: HubDomain;
   verifier: SignatureVerifier;
@@ -42,8 +36,6 @@ export interface HubAppOptions {
   storeLimits?: StoreLimits;
   /** Whether contract-wallet (ERC-1271) signatures can be checked (an RPC is configured). */
   contractWallets?: boolean;
-  /** Connection bounds (slow clients); unset ones come from HTTP_*_TIMEOUT_MS or the defaults. */
-  timeouts?: Partial<ServerTimeouts>;
   /** Clock in ms (tests pass their own). */
   now?: () => number;
 }
@@ -79,9 +71,7 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
   /** Uses a token of `key` (or, with peek, only checks there is one); 429 with Retry-After when none is left. */
   function limit(limiter: RateLimiter, key: string, what: string, peek = false) {
     const decision = peek ? limiter.check(key) : limiter.take(key);
-    if (!decision.ok) {
-      throw new HubError("rate_limited", `too many ${what}; retry in ${decision.retryAfterSeconds} s`, { "retry-after": String(decision.retryAfterSeconds) });
-    }
+    if (!decision.ok) throw new HubError("rate_limited", `too many ${what}; retry in ${decision.retryAfterSeconds} s`, { "retry-after": String(decision.retryAfterSeconds) });
   }
   /** The caller's address: the peer, or what a trusted proxy says (trustProxy). */
   const callerOf = (request: FastifyRequest) => request.ip;
@@ -110,10 +100,7 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
     let stored;
     try {
       stored = await store.write({
-        owner: req.owner,
-        bucket: req.bucket,
-        id: req.id,
-        kind: req.kind,
+        ...req,
         message: bytes,
         messageHash,
         nonce: write.nonce,
@@ -124,12 +111,8 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
     } catch (e) {
       if (e instanceof NonceReusedError) throw new HubError("replayed_nonce", `nonce ${write.nonce} was already used by owner ${req.owner}; sign every write with a fresh nonce`);
       if (e instanceof QuotaExceededError) {
-        throw new HubError(
-          "quota_exceeded",
-          e.limit === "bytes"
-            ? `owner ${req.owner} would store ${e.wouldUse} bytes, over its quota of ${e.max}; nothing was stored and the nonce is unused`
-            : `owner ${req.owner} would have ${e.wouldUse} keys, over its quota of ${e.max}; nothing was stored and the nonce is unused`,
-        );
+        const wouldUse = e.limit === "bytes" ? `store ${e.wouldUse} bytes` : `have ${e.wouldUse} keys`;
+        throw new HubError("quota_exceeded", `owner ${req.owner} would ${wouldUse}, over its quota of ${e.max}; nothing was stored and the nonce is unused`);
       }
       throw e;
     }
@@ -154,12 +137,8 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
   const conversation = async (request: FastifyRequest, reply: FastifyReply) => {
     const req = parseConversation(fieldsOf(request));
     limit(reads, callerOf(request), "reads from this client");
-    if (req.id === undefined) {
-      const ids = await store.listConversations(req.owner, req.bucket, req.offset, req.length);
-      return reply.send(ids);
-    }
-    const id = req.id;
-    const messages = await store.getConversation(req.owner, id, req.bucket, req.offset, req.length);
+    if (req.id === undefined) return reply.send(await store.listConversations(req.owner, req.bucket, req.offset, req.length));
+    const messages = await store.getConversation(req.owner, req.id, req.bucket, req.offset, req.length);
     return reply.send(messages.map((m) => decoder.decode(m)));
   };
 
@@ -172,7 +151,7 @@ export function createHubApp(opts: HubAppOptions): FastifyInstance {
       owner: req.owner,
       id: req.id,
       latest: found.latest,
-      versions: found.versions.map((v) => ({ version: v.version, bucket: v.bucket, kind: v.kind, messageHash: v.messageHash, createdAt: v.createdAt, message: decoder.decode(v.message) })),
+      versions: found.versions.map((v) => ({ ...v, message: decoder.decode(v.message) })),
     });
   };
 

@@ -9,6 +9,7 @@ import {
   hashTypedData,
   isAddressEqual,
   keccak256,
+  parseAbi,
   recoverTypedDataAddress,
   stringToBytes,
   type Address,
@@ -38,7 +39,7 @@ export interface HubDomain {
 }
 
 /** A domain with only the optional fields that are set (GET /api/info shows exactly what is signed). */
-export function hubDomain(d: { name: string; chainId: number; verifyingContract?: Address; salt?: Hex }): HubDomain {
+export function hubDomain(d: Omit<HubDomain, "version">): HubDomain {
   return {
     name: d.name,
     version: HUB_DOMAIN_VERSION,
@@ -112,20 +113,14 @@ export function readAuthorization(headers: Record<string, string | string[] | un
     const h = headers[AUTH_HEADERS[key]];
     return h !== undefined ? h : fields[key];
   };
-  const signature = part("signature");
-  const nonce = part("nonce");
-  const expiry = part("expiry");
+  const [signature, nonce, expiry] = (["signature", "nonce", "expiry"] as const).map(part);
   if (signature === undefined && nonce === undefined && expiry === undefined) return undefined;
   const missing = Object.entries({ signature, nonce, expiry })
     .filter(([, v]) => v === undefined || v === "")
     .map(([k]) => AUTH_HEADERS[k as keyof typeof AUTH_HEADERS]);
   if (missing.length) throw new HubError("missing_signature", `incomplete write authorisation: ${missing.join(", ")} missing`);
-  if (typeof signature !== "string" || !/^0x(?:[0-9a-fA-F]{2}){1,8192}$/.test(signature)) {
-    throw new HubError("invalid_signature", `${AUTH_HEADERS.signature} must be 0x-prefixed hex bytes`);
-  }
-  if (typeof nonce !== "string" || !/^0x[0-9a-fA-F]{64}$/.test(nonce)) {
-    throw new HubError("invalid_signature", `${AUTH_HEADERS.nonce} must be 0x-prefixed 32-byte hex`);
-  }
+  if (typeof signature !== "string" || !/^0x(?:[0-9a-fA-F]{2}){1,8192}$/.test(signature)) throw new HubError("invalid_signature", `${AUTH_HEADERS.signature} must be 0x-prefixed hex bytes`);
+  if (typeof nonce !== "string" || !/^0x[0-9a-fA-F]{64}$/.test(nonce)) throw new HubError("invalid_signature", `${AUTH_HEADERS.nonce} must be 0x-prefixed 32-byte hex`);
   const expiryText = typeof expiry === "number" && Number.isSafeInteger(expiry) ? String(expiry) : expiry;
   if (typeof expiryText !== "string" || !/^\d{1,20}$/.test(expiryText) || BigInt(expiryText) > MAX_UINT64) {
     throw new HubError("invalid_signature", `${AUTH_HEADERS.expiry} must be unix seconds (a uint64)`);
@@ -139,18 +134,7 @@ export interface SignatureVerifier {
 }
 
 const ERC1271_MAGIC = "0x1626ba7e";
-const erc1271Abi = [
-  {
-    type: "function",
-    name: "isValidSignature",
-    stateMutability: "view",
-    inputs: [
-      { name: "hash", type: "bytes32" },
-      { name: "signature", type: "bytes" },
-    ],
-    outputs: [{ name: "magicValue", type: "bytes4" }],
-  },
-] as const;
+const erc1271Abi = parseAbi(["function isValidSignature(bytes32 hash, bytes signature) view returns (bytes4 magicValue)"]);
 
 function isTransportFailure(e: unknown): boolean {
   if (!(e instanceof BaseError)) return false;

@@ -137,6 +137,12 @@ export function createHubClient(opts: HubClientOptions): HubClient {
   const post = (path: string, fields: Record<string, string | number | undefined>) =>
     call(path, { method: "POST", headers: { "content-type": "application/x-www-form-urlencoded" }, body: form(fields) });
 
+  /** A 404 is no such value: undefined. */
+  const notFound = (e: unknown): undefined => {
+    if (e instanceof HubClientError && e.status === 404) return undefined;
+    throw e;
+  };
+
   const getInfo = () => {
     info ??= call("/api/info", { method: "GET" })
       .then((r) => r.json() as Promise<HubInfo>)
@@ -171,13 +177,8 @@ export function createHubClient(opts: HubClientOptions): HubClient {
     },
 
     async download(d) {
-      try {
-        const res = await post("/api/download", { owner: ownerOf(d.owner), id: d.id, version: d.version });
-        return await res.text();
-      } catch (e) {
-        if (e instanceof HubClientError && e.status === 404) return undefined;
-        throw e;
-      }
+      const res = await post("/api/download", { owner: ownerOf(d.owner), id: d.id, version: d.version }).catch(notFound);
+      return res?.text();
     },
 
     async listConversations(l = {}) {
@@ -191,13 +192,8 @@ export function createHubClient(opts: HubClientOptions): HubClient {
     },
 
     async history(h) {
-      try {
-        const res = await post("/api/history", { owner: ownerOf(h.owner), id: h.id, offset: h.offset, length: h.length });
-        return (await res.json()) as HubHistory;
-      } catch (e) {
-        if (e instanceof HubClientError && e.status === 404) return undefined;
-        throw e;
-      }
+      const res = await post("/api/history", { owner: ownerOf(h.owner), id: h.id, offset: h.offset, length: h.length }).catch(notFound);
+      return res && ((await res.json()) as HubHistory);
     },
   };
 }

@@ -6,8 +6,8 @@ import { createPublicClient, getAddress, http, isAddress, type Address, type Hex
 import { databaseLabel, serve, serviceDatabase, startService, type DatabaseOptions, type RunningService, type ServiceOptions } from "../platform/lifecycle.ts";
 import { createLogger, endpointName } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
-import { createHubApp, DEFAULT_HUB_BODY_LIMIT, type HubAppOptions } from "./app.ts";
-import { createSignatureVerifier, DEFAULT_HUB_DOMAIN_NAME, DEFAULT_MAX_EXPIRY_SECONDS, hubDomain, type HubDomain } from "./auth.ts";
+import { createHubApp, type HubAppOptions } from "./app.ts";
+import { createSignatureVerifier, DEFAULT_HUB_DOMAIN_NAME, hubDomain, type HubDomain } from "./auth.ts";
 import { createHubStore, DEFAULT_STORE_LIMITS, HUB_MIGRATIONS, type StoreLimits } from "./store.ts";
 
 /** The EIP-712 chain id when no RPC is configured and none is given (Base). */
@@ -80,8 +80,6 @@ export async function startHubService(opts: HubServiceOptions = {}): Promise<Run
       store,
       domain,
       verifier: createSignatureVerifier({ publicClient }),
-      bodyLimit: opts.bodyLimit ?? DEFAULT_HUB_BODY_LIMIT,
-      maxExpirySeconds: opts.maxExpirySeconds ?? DEFAULT_MAX_EXPIRY_SECONDS,
       storeLimits,
       contractWallets: Boolean(publicClient),
       timeouts: opts.httpTimeouts,

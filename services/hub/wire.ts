@@ -125,14 +125,6 @@ function idOrName(fields: Record<string, unknown>): unknown {
   return id ?? name;
 }
 
-export interface UploadRequest {
-  owner: Address;
-  bucket: string;
-  id: string;
-  message: string;
-  kind: Kind;
-}
-
 const uploadSchema = z.object({
   owner: ownerSchema,
   id: idSchema,
@@ -140,6 +132,8 @@ const uploadSchema = z.object({
   bucket: optional(bucketSchema),
   kind: optional(kindSchema),
 });
+/** An upload with its defaults applied: the kind is memory, the bucket derived (deriveBucket). */
+export type UploadRequest = Required<z.output<typeof uploadSchema>>;
 
 /**
  * The bucket of a write that names none, as the original derives it: the message's `name` field
@@ -163,48 +157,34 @@ export function parseUpload(fields: Record<string, unknown>): UploadRequest {
   return { owner: r.owner, id: r.id, message: r.message, kind: r.kind ?? "memory", bucket: r.bucket ?? deriveBucket(r.owner, r.message) };
 }
 
-export interface DownloadRequest {
-  owner: Address;
-  id: string;
+const downloadSchema = z.object({
+  owner: ownerSchema,
+  id: idSchema,
   /** Our extension: a specific version from the key's history; the latest when absent. */
-  version?: number;
-}
-
-const downloadSchema = z.object({ owner: ownerSchema, id: idSchema, version: optional(versionSchema) });
+  version: optional(versionSchema),
+});
+export type DownloadRequest = z.output<typeof downloadSchema>;
 
 export function parseDownload(fields: Record<string, unknown>): DownloadRequest {
   return parse(downloadSchema, { ...fields, id: idOrName(fields) });
 }
 
-export interface ConversationRequest {
-  owner: Address;
-  /** Absent: list the owner's conversation ids. Present: the messages of conversation `id`. */
-  id?: string;
-  bucket?: string;
-  offset: number;
-  length: number;
-}
-
 const conversationSchema = z.object({
   owner: ownerSchema,
+  /** Absent: list the owner's conversation ids. Present: the messages of conversation `id`. */
   id: optional(idSchema),
   bucket: optional(bucketSchema),
   offset: offsetSchema,
   length: lengthSchema,
 });
+export type ConversationRequest = z.output<typeof conversationSchema>;
 
 export function parseConversation(fields: Record<string, unknown>): ConversationRequest {
   return parse(conversationSchema, { ...fields, id: idOrName(fields) });
 }
 
-export interface HistoryRequest {
-  owner: Address;
-  id: string;
-  offset: number;
-  length: number;
-}
-
 const historySchema = z.object({ owner: ownerSchema, id: idSchema, offset: offsetSchema, length: lengthSchema });
+export type HistoryRequest = z.output<typeof historySchema>;
 
 export function parseHistory(fields: Record<string, unknown>): HistoryRequest {
   return parse(historySchema, { ...fields, id: idOrName(fields) });
