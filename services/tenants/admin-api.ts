@@ -5,48 +5,40 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { z } from "zod";
 import { bearerOf, type AdminToken } from "../platform/admin-token.ts";
+import { CodedError } from "../platform/errors.ts";
 import { CAIP2_PATTERN } from "../x402/networks.ts";
+import { SCHEMES } from "../x402/wire.ts";
 import type { ApiKeyStore, KeyLimits } from "./api-keys.ts";
 
-const SCHEMES = ["exact", "upto", "batch-settlement"] as const;
+const network = z.string().regex(CAIP2_PATTERN, "a CAIP-2 network (eip155:<chain id>)");
 const limit = z.number().int().min(0).max(1_000_000_000).nullable();
 const limitsSchema = z
   .object({
     requestsPerMinute: limit,
     settlementsPerDay: limit,
-    gasBudgets: z.record(z.string().regex(CAIP2_PATTERN, "a CAIP-2 network (eip155:<chain id>)"), z.string().regex(/^[0-9]{1,78}$/, "wei as a decimal string")),
+    gasBudgets: z.record(network, z.string().regex(/^[0-9]{1,78}$/, "wei as a decimal string")),
   })
   .partial()
   .strict();
 const createSchema = limitsSchema.extend({
   name: z.string().trim().min(1).max(200),
-  networks: z.array(z.string().regex(CAIP2_PATTERN, "a CAIP-2 network (eip155:<chain id>)")).max(64).optional(),
+  networks: z.array(network).max(64).optional(),
   schemes: z.array(z.enum(SCHEMES)).max(3).optional(),
 });
 const idSchema = z.string().regex(/^[0-9a-f]{16}$/, "a key id is 16 hex characters");
 const usageQuery = z.object({ keyId: idSchema.optional(), since: z.string().regex(/^\d{4}-\d{2}-\d{2}$/, "a UTC day, YYYY-MM-DD").optional() }).strict();
 
-class AdminError extends Error {
-  constructor(
-    readonly status: number,
-    readonly code: string,
-    detail: string,
-  ) {
-    super(detail);
-  }
-}
-
 function parse<T>(schema: z.ZodType<T>, value: unknown, what: string): T {
   const r = schema.safeParse(value ?? {});
   if (r.success) return r.data;
   const issue = r.error.issues[0]!;
-  throw new AdminError(400, "invalid_request", `${what}${issue.path.length ? `.${issue.path.join(".")}` : ""}: ${issue.message}`);
+  throw new CodedError("invalid_request", `${what}${issue.path.length ? `.${issue.path.join(".")}` : ""}: ${issue.message}`, 400);
 }
 
 export function registerKeyAdmin(app: FastifyInstance, opts: { keys: ApiKeyStore; token: AdminToken }) {
   const { keys } = opts;
   app.setErrorHandler((error, _request, reply) => {
-    if (error instanceof AdminError) return reply.code(error.status).send({ error: `${error.code}: ${error.message}` });
+    if (error instanceof CodedError) return reply.code(error.status).send(error.body());
     const e = error as { statusCode?: number; message?: string; name?: string };
     if (e.statusCode && e.statusCode < 500) return reply.code(e.statusCode).send({ error: `invalid_request: ${e.message}` }); // bad JSON, too large…
     reply.log.error({ err: { name: e.name } }, "admin API error");
@@ -55,14 +47,14 @@ export function registerKeyAdmin(app: FastifyInstance, opts: { keys: ApiKeyStore
 
   const authorized = (request: FastifyRequest) => {
     const token = bearerOf(request.headers.authorization);
-    if (!token) throw new AdminError(401, "unauthorized", "send the admin token as Authorization: Bearer <token>");
-    if (!opts.token.matches(token)) throw new AdminError(401, "unauthorized", "wrong admin token");
+    if (!token) throw new CodedError("unauthorized", "send the admin token as Authorization: Bearer <token>", 401);
+    if (!opts.token.matches(token)) throw new CodedError("unauthorized", "wrong admin token", 401);
   };
   const route = (method: "GET" | "POST" | "PATCH", url: string, handler: (request: FastifyRequest, reply: FastifyReply) => Promise<unknown>) =>
     app.route({ method, url, preHandler: async (request) => authorized(request), handler });
   const idOf = (request: FastifyRequest) => parse(idSchema, (request.params as { id: string }).id, "id");
   const found = <T>(value: T | undefined, id: string): T => {
-    if (value === undefined) throw new AdminError(404, "not_found", `no API key ${id}`);
+    if (value === undefined) throw new CodedError("not_found", `no API key ${id}`, 404);
     return value;
   };
 

@@ -1,24 +1,13 @@
 // `x402-fleet api-key-*`: manage the routers' API keys in their shared database (DATABASE_URL).
 // A new or rotated key is printed once; only its hash is stored.
-import { defineCommand, stringFlags, type Command, type FlagSpec } from "../platform/flags.ts";
+import { defineCommand, list, stringFlags, type Command, type FlagSpec } from "../platform/flags.ts";
 import { openDatabase } from "../platform/storage.ts";
 import { CAIP2_PATTERN } from "../x402/networks.ts";
+import { SCHEMES } from "../x402/wire.ts";
 import { API_KEY_MIGRATIONS, createApiKeyStore, type ApiKeyInfo, type KeyLimits } from "./api-keys.ts";
 
-const SCHEMES = ["exact", "upto", "batch-settlement"];
-
-export interface ApiKeyFlags {
-  name?: string;
-  networks?: string;
-  schemes?: string;
-  id?: string;
-  requestsPerMinute?: string;
-  settlementsPerDay?: string;
-  /** NETWORK=WEI|none,...: gas budgets per network per UTC day. */
-  gasBudget?: string;
-  /** api-key-usage: from this UTC day on (YYYY-MM-DD). */
-  since?: string;
-}
+/** The flags of every api-key-* command, each taking its own (their help says which). */
+export type ApiKeyFlags = Partial<Record<"name" | "networks" | "schemes" | "id" | "requests-per-minute" | "settlements-per-day" | "gas-budget" | "since", string>>;
 
 /** A limit flag: a non-negative integer, or "none" (no limit); absent: not given. */
 function limit(flag: string, value: string | undefined): number | null | undefined {
@@ -31,7 +20,7 @@ function limit(flag: string, value: string | undefined): number | null | undefin
 /** --gas-budget eip155:8453=1000000000000000,eip155:56=none, merged into the key's current budgets. */
 function gasBudgets(value: string, current: Record<string, string>): Record<string, string> {
   const out = { ...current };
-  for (const item of value.split(",").map((s) => s.trim()).filter(Boolean)) {
+  for (const item of list(value) ?? []) {
     const m = /^(eip155:[0-9]+)=([0-9]{1,78}|none)$/.exec(item);
     if (!m || !CAIP2_PATTERN.test(m[1]!)) throw new Error(`api-key: --gas-budget takes NETWORK=WEI or NETWORK=none (e.g. eip155:8453=2000000000000000), got ${JSON.stringify(item)}`);
     if (m[2] === "none") delete out[m[1]!];
@@ -42,16 +31,16 @@ function gasBudgets(value: string, current: Record<string, string>): Record<stri
 
 function limitsOf(flags: ApiKeyFlags, current: Record<string, string> = {}): Partial<KeyLimits> {
   const out: Partial<KeyLimits> = {};
-  if (flags.gasBudget !== undefined) out.gasBudgets = gasBudgets(flags.gasBudget, current);
-  const rpm = limit("--requests-per-minute", flags.requestsPerMinute);
-  const spd = limit("--settlements-per-day", flags.settlementsPerDay);
+  if (flags["gas-budget"] !== undefined) out.gasBudgets = gasBudgets(flags["gas-budget"], current);
+  const rpm = limit("--requests-per-minute", flags["requests-per-minute"]);
+  const spd = limit("--settlements-per-day", flags["settlements-per-day"]);
   if (rpm !== undefined) out.requestsPerMinute = rpm;
   if (spd !== undefined) out.settlementsPerDay = spd;
   return out;
 }
 
-function list(value: string | undefined, what: string, valid: (s: string) => boolean): string[] {
-  const items = (value ?? "").split(",").map((s) => s.trim()).filter(Boolean);
+function validList(value: string | undefined, what: string, valid: (s: string) => boolean): string[] {
+  const items = list(value) ?? [];
   const bad = items.find((s) => !valid(s));
   if (bad !== undefined) throw new Error(`api-key: ${JSON.stringify(bad)} is not a valid ${what}`);
   return items;
@@ -69,8 +58,8 @@ export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env:
   if (flags.id !== undefined || ["api-key-limits", "api-key-rotate", "api-key-revoke"].includes(command)) needId();
   limitsOf(flags);
   if (flags.since !== undefined && !/^\d{4}-\d{2}-\d{2}$/.test(flags.since)) throw new Error("api-key-usage: --since is a UTC day, YYYY-MM-DD");
-  const networks = list(flags.networks, "network (eip155:<chain id>)", (s) => CAIP2_PATTERN.test(s));
-  const schemes = list(flags.schemes, `scheme (${SCHEMES.join(", ")})`, (s) => SCHEMES.includes(s));
+  const networks = validList(flags.networks, "network (eip155:<chain id>)", (s) => CAIP2_PATTERN.test(s));
+  const schemes = validList(flags.schemes, `scheme (${SCHEMES.join(", ")})`, (s) => (SCHEMES as readonly string[]).includes(s));
   if (!env.DATABASE_URL) throw new Error(`${command}: DATABASE_URL (the routers' PostgreSQL database) is required`);
   const db = await openDatabase({ url: env.DATABASE_URL, migrations: API_KEY_MIGRATIONS });
   try {
@@ -123,8 +112,7 @@ function apiKeyCli(name: string, summary: string, usage: string, flags: FlagSpec
     help: `${usage}${ENV}`,
     flags,
     run: async (f, env) => {
-      const text = await runApiKeyCommand(name, { name: f.name, networks: f.networks, schemes: f.schemes, id: f.id, requestsPerMinute: f["requests-per-minute"], settlementsPerDay: f["settlements-per-day"], gasBudget: f["gas-budget"], since: f.since }, env);
-      process.stdout.write(text);
+      process.stdout.write(await runApiKeyCommand(name, f, env));
     },
   });
 }

@@ -241,7 +241,8 @@ export function createApiKeyStore(db: Database, opts: { cacheMs?: number; clock?
           ? [key.requestsPerMinute, "minute", `${key.requestsPerMinute} requests per minute`]
           : [key.settlementsPerDay, "day", `${key.settlementsPerDay} settlements per day (UTC)`];
       if (limit === null) return undefined;
-      if (limit === 0) return `${keyLabel(key.id)} has used its ${what}`;
+      const exhausted = `${keyLabel(key.id)} has used its ${what}`;
+      if (limit === 0) return exhausted;
       // One statement: insert the window's counter or add one, but only below the limit. No row
       // back means the limit was already reached (and nothing was counted).
       const rows = await db.query(
@@ -250,23 +251,21 @@ export function createApiKeyStore(db: Database, opts: { cacheMs?: number; clock?
          RETURNING used`,
         [key.id, counter, window, limit],
       );
-      return rows.length === 0 ? `${keyLabel(key.id)} has used its ${what}` : undefined;
+      return rows.length === 0 ? exhausted : undefined;
     },
     async reserveGas(key, network, quote) {
       const budget = key.gasBudgets[network];
       if (budget === undefined) return { reservation: { keyId: key.id, network, day: "", wei: 0n } };
       const today = "(now() AT TIME ZONE 'UTC')::date";
       await db.query(`INSERT INTO tenant_gas_budget_usage (key_id, network, day) VALUES ($1, $2, ${today}) ON CONFLICT DO NOTHING`, [key.id, network]);
+      /** What is left of today's budget, and how much of it settlements in flight hold. */
       const used = async () => {
         const [u] = await db.query<{ spent: string; reserved: string }>(`SELECT spent::text, reserved::text FROM tenant_gas_budget_usage WHERE key_id = $1 AND network = $2 AND day = ${today}`, [key.id, network]);
-        return { spent: BigInt(u?.spent ?? 0), reserved: BigInt(u?.reserved ?? 0) };
+        const reserved = BigInt(u?.reserved ?? 0);
+        return { left: BigInt(budget) - BigInt(u?.spent ?? 0) - reserved, reserved };
       };
       // Without a quote (the first settlement a replica forwards on this network) the whole rest is held.
-      let wei = quote;
-      if (wei === undefined) {
-        const u = await used();
-        wei = BigInt(budget) - u.spent - u.reserved;
-      }
+      const wei = quote ?? (await used()).left;
       // One statement under the row's lock: only if it fits. Replicas racing for the last wei are
       // serialised by the lock and re-check the condition on the row as the other left it.
       const [r] =
@@ -279,12 +278,11 @@ export function createApiKeyStore(db: Database, opts: { cacheMs?: number; clock?
             )
           : [];
       if (r) return { reservation: { keyId: key.id, network, day: r.day, wei } };
-      const u = await used();
-      const left = BigInt(budget) - u.spent - u.reserved;
+      const { left, reserved } = await used();
       return {
         refused:
           `${keyLabel(key.id)} has ${left > 0n ? left : 0n} wei left of its gas budget of ${budget} wei on ${network} today (UTC)` +
-          (u.reserved > 0n ? `, besides ${u.reserved} wei held by settlements in flight` : "") +
+          (reserved > 0n ? `, besides ${reserved} wei held by settlements in flight` : "") +
           (quote !== undefined ? `; one settlement may cost up to ${quote} wei` : ""),
       };
     },
