@@ -42,13 +42,9 @@ function integer(query: Record<string, unknown>, name: string, min: number, max:
   return Number(v);
 }
 
+/** The filters given, in FILTERS order (the answer cache's key depends on it). */
 function filtersOf(query: Record<string, unknown>): ListParams {
-  const out: ListParams = {};
-  for (const f of FILTERS) {
-    const v = text(query, f);
-    if (v !== undefined) out[f] = v;
-  }
-  return out;
+  return Object.fromEntries(FILTERS.map((f) => [f, text(query, f)]).filter(([, v]) => v !== undefined));
 }
 
 export function createRouterDiscovery(catalog: Catalog, logger: Logger): RouterDiscovery {
@@ -81,15 +77,14 @@ export function createRouterDiscovery(catalog: Catalog, logger: Logger): RouterD
       if (!outcome) {
         try {
           outcome = await catalog.record(paymentPayload, paymentRequirements);
+          if (!outcome) return undefined;
+          if (recorded.size >= MAX_CACHED) recorded.clear();
+          recorded.set(key, { at: Date.now(), outcome });
         } catch (e) {
-          // Cataloguing is a side effect of a payment: it never fails the payment's answer.
+          // Cataloguing is a side effect of a payment: it never fails the payment's answer (and a failure is not remembered).
           logger.warn({ err: { name: (e as Error).name } }, "bazaar declaration not recorded");
           outcome = { status: "rejected", rejectedReason: "the catalog could not be written; the next payment retries" };
-          return { "extension-responses": Buffer.from(JSON.stringify({ bazaar: outcome })).toString("base64") };
         }
-        if (!outcome) return undefined;
-        if (recorded.size >= MAX_CACHED) recorded.clear();
-        recorded.set(key, { at: Date.now(), outcome });
       }
       return { "extension-responses": Buffer.from(JSON.stringify({ bazaar: outcome })).toString("base64") };
     },

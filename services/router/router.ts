@@ -200,16 +200,19 @@ export function createRouter(opts: RouterOptions): Router {
     if (!presented) throw new RequestError("api_key_required", "this facilitator needs an API key: Authorization: Bearer <key> or X-API-Key: <key>");
     const auth = await keyStore(() => keys.authenticate(presented));
     if (!auth.ok) throw new RequestError(auth.code, auth.detail);
-    const exhausted = await keyStore(() => keys.consume(auth.key, "requests"));
-    if (exhausted) throw new RequestError("quota_exceeded", exhausted);
+    await consume(keys, auth.key, "requests");
     return auth.key;
   }
 
   async function authorize(keys: ApiKeyStore, key: ApiKeyInfo, action: "verify" | "settle", scheme: string, network: string) {
     const denied = outOfScope(key, scheme, network);
     if (denied) throw new RequestError("api_key_out_of_scope", denied);
-    if (action !== "settle") return;
-    const exhausted = await keyStore(() => keys.consume(key, "settlements"));
+    if (action === "settle") await consume(keys, key, "settlements");
+  }
+
+  /** Counts one request or settlement against the key's quota, or refuses when it is used up. */
+  async function consume(keys: ApiKeyStore, key: ApiKeyInfo, counter: "requests" | "settlements") {
+    const exhausted = await keyStore(() => keys.consume(key, counter));
     if (exhausted) throw new RequestError("quota_exceeded", exhausted);
   }
 
@@ -240,14 +243,10 @@ export function createRouter(opts: RouterOptions): Router {
     const unique = new Map([...routes.values()].map((r) => [r.backend.network, r]));
     await Promise.all(
       [...unique.values()].map(async (route) => {
-        let up = 0;
-        try {
-          const res = await route.pool.request({ method: "GET", path: `${route.basePath}/supported`, headersTimeout: 2000, bodyTimeout: 2000 });
-          await res.body.dump();
-          up = res.statusCode === 200 ? 1 : 0;
-        } catch {
-          up = 0;
-        }
+        const up = await route.pool
+          .request({ method: "GET", path: `${route.basePath}/supported`, headersTimeout: 2000, bodyTimeout: 2000 })
+          .then(async (res) => (await res.body.dump(), res.statusCode === 200 ? 1 : 0))
+          .catch(() => 0);
         opts.metrics.backendUp.set({ network: route.backend.network }, up);
       }),
     );
