@@ -86,13 +86,12 @@ const MAX_TEXT = 512;
 /** The echoed extensions of one resource, serialised; a bigger declaration is refused, not truncated. */
 const MAX_EXTENSIONS_BYTES = 16 * 1024;
 
+// eslint-disable-next-line no-control-regex -- control characters (category Cc) are what it finds
+const CONTROL = /[\u0000-\u001f\u007f-\u009f]/;
+
 /** Free text kept only when it is printable, single-line and bounded (soft-drop). */
 function boundedText(value: unknown): string | undefined {
-  if (typeof value !== "string" || value.length === 0 || value.length > MAX_TEXT) return undefined;
-  for (let i = 0; i < value.length; i++) {
-    const c = value.charCodeAt(i);
-    if (c < 0x20 || (c >= 0x7f && c <= 0x9f)) return undefined; // control characters (category Cc)
-  }
+  if (typeof value !== "string" || value.length === 0 || value.length > MAX_TEXT || CONTROL.test(value)) return undefined;
   return value;
 }
 
@@ -127,20 +126,22 @@ function item(r: Row): DiscoveryResource {
   };
 }
 
-/** The filters both endpoints share, as SQL conditions from parameter $first on. */
-function filters(p: ListParams, first: number): { where: string[]; args: unknown[] } {
+/** The filters both endpoints share, and search's words, as a WHERE clause and its parameters. */
+function whereOf(p: ListParams, words: string[] = []): { clause: string; args: unknown[] } {
   const where: string[] = [];
   const args: unknown[] = [];
   const add = (sql: (n: string) => string, value: unknown) => {
     args.push(value);
-    where.push(sql(`$${first + args.length - 1}`));
+    where.push(sql(`$${args.length}`));
   };
   if (p.type) add((n) => `type = ${n}`, p.type);
   if (p.payTo) add((n) => `${n} = ANY(pay_to)`, p.payTo.toLowerCase());
   if (p.scheme) add((n) => `${n} = ANY(schemes)`, p.scheme);
   if (p.network) add((n) => `${n} = ANY(networks)`, p.network);
   if (p.extensions) add((n) => `${n}::text[] <@ extension_keys`, p.extensions.split(",").map((s) => s.trim()).filter(Boolean));
-  return { where, args };
+  // Every word must appear (case-insensitive) in the resource's URL, description, name, tags or tool.
+  for (const word of words) add((n) => `search_text LIKE ${n}`, `%${word.replace(/[\\%_]/g, (c) => `\\${c}`)}%`);
+  return { clause: where.length ? `WHERE ${where.join(" AND ")}` : "", args };
 }
 
 const cursorOf = (offset: number) => Buffer.from(JSON.stringify({ o: offset })).toString("base64url");
@@ -185,18 +186,12 @@ export function createCatalog(db: Database): Catalog {
       if (!found) return { status: "rejected", rejectedReason: "no discovery information could be extracted" };
       const extensions = { [BAZAAR.key]: declared };
       if (JSON.stringify(extensions).length > MAX_EXTENSIONS_BYTES) return { status: "rejected", rejectedReason: `the bazaar declaration is larger than ${MAX_EXTENSIONS_BYTES} bytes` };
-      const type = (found.discoveryInfo.input as { type: string }).type;
-      const tool = type === "mcp" ? String((found.discoveryInfo.input as { toolName?: string; tool?: string }).toolName ?? (found.discoveryInfo.input as { tool?: string }).tool ?? "") : "";
+      const input = found.discoveryInfo.input as { type: string; toolName?: string; tool?: string };
+      const type = input.type;
+      const tool = type === "mcp" ? String(input.toolName ?? input.tool ?? "") : "";
       const http = found as { resourceUrl: string; description?: string; mimeType?: string; serviceName?: string; tags?: string[]; iconUrl?: string };
-      const accepted: PaymentRequirements = {
-        scheme: requirements.scheme,
-        network: requirements.network,
-        asset: requirements.asset,
-        amount: requirements.amount,
-        payTo: requirements.payTo,
-        maxTimeoutSeconds: requirements.maxTimeoutSeconds,
-        extra: requirements.extra ?? {},
-      };
+      const { scheme, network, asset, amount, payTo, maxTimeoutSeconds, extra } = requirements;
+      const accepted: PaymentRequirements = { scheme, network, asset, amount, payTo, maxTimeoutSeconds, extra: extra ?? {} };
       const description = boundedText(http.description);
       const searchText = [http.resourceUrl, description, http.serviceName, ...(http.tags ?? []), tool].filter(Boolean).join(" ").toLowerCase();
       // One payment option per (scheme, network, asset, payTo): a repeated payment refreshes its own entry.
@@ -235,8 +230,7 @@ export function createCatalog(db: Database): Catalog {
     async list(params) {
       const limit = params.limit ?? MAX_PAGE;
       const offset = params.offset ?? 0;
-      const { where, args } = filters(params, 1);
-      const clause = where.length ? `WHERE ${where.join(" AND ")}` : "";
+      const { clause, args } = whereOf(params);
       const [rows, [count]] = await Promise.all([
         db.query<Row>(`SELECT * FROM discovery_resources ${clause} ORDER BY last_updated DESC, resource, tool LIMIT ${limit} OFFSET ${offset}`, args),
         db.query<{ total: string }>(`SELECT count(*)::text AS total FROM discovery_resources ${clause}`, args),
@@ -252,13 +246,8 @@ export function createCatalog(db: Database): Catalog {
     async search(params) {
       const limit = params.limit ?? 20;
       const offset = offsetOf(params.cursor);
-      const { where, args } = filters(params, 1);
-      // Every word of the query must appear (case-insensitive) in the resource's URL, description, name, tags or tool.
-      for (const word of params.query.toLowerCase().split(/\s+/).filter(Boolean).slice(0, 8)) {
-        args.push(`%${word.replace(/[\\%_]/g, (c) => `\\${c}`)}%`);
-        where.push(`search_text LIKE $${args.length}`);
-      }
-      const clause = where.length ? `WHERE ${where.join(" AND ")}` : "";
+      const words = params.query.toLowerCase().split(/\s+/).filter(Boolean).slice(0, 8);
+      const { clause, args } = whereOf(params, words);
       const rows = await db.query<Row>(`SELECT * FROM discovery_resources ${clause} ORDER BY last_updated DESC, resource, tool LIMIT ${limit + 1} OFFSET ${offset}`, args);
       const more = rows.length > limit;
       return { x402Version: 2, resources: rows.slice(0, limit).map(item), partialResults: false, pagination: { limit, cursor: more ? cursorOf(offset + limit) : null } };
