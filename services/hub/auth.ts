@@ -190,9 +190,7 @@ export async function authorizeWrite(write: Omit<HubWrite, "nonce" | "expiry">, 
   }
   const now = BigInt(Math.floor(opts.nowSeconds));
   if (auth.expiry <= now) throw new HubError("expired_signature", `the authorisation expired at ${auth.expiry} (now ${now})`);
-  if (auth.expiry > now + BigInt(opts.maxExpirySeconds)) {
-    throw new HubError("expiry_too_far", `the expiry ${auth.expiry} is more than ${opts.maxExpirySeconds} s ahead (now ${now}); sign shorter-lived writes`);
-  }
+  if (auth.expiry > now + BigInt(opts.maxExpirySeconds)) throw new HubError("expiry_too_far", `the expiry ${auth.expiry} is more than ${opts.maxExpirySeconds} s ahead (now ${now}); sign shorter-lived writes`);
   const signed: HubWrite = { ...write, nonce: auth.nonce, expiry: auth.expiry };
   const ok = await opts.verifier.verify(write.owner, hubWriteTypedData(opts.domain, signed), auth.signature);
   if (!ok) {

@@ -136,6 +136,7 @@ export function createHubClient(opts: HubClientOptions): HubClient {
 
   const post = (path: string, fields: Record<string, string | number | undefined>) =>
     call(path, { method: "POST", headers: { "content-type": "application/x-www-form-urlencoded" }, body: form(fields) });
+  const json = async <T>(res: Promise<Response>) => (await (await res).json()) as T;
 
   /** A 404 is no such value: undefined. */
   const notFound = (e: unknown): undefined => {
@@ -181,15 +182,9 @@ export function createHubClient(opts: HubClientOptions): HubClient {
       return res?.text();
     },
 
-    async listConversations(l = {}) {
-      const res = await post("/api/conversation", { owner: ownerOf(l.owner), bucket: l.bucket, offset: l.offset, length: l.length });
-      return (await res.json()) as string[];
-    },
+    listConversations: async (l = {}) => json<string[]>(post("/api/conversation", { owner: ownerOf(l.owner), bucket: l.bucket, offset: l.offset, length: l.length })),
 
-    async getConversation(g) {
-      const res = await post("/api/conversation", { owner: ownerOf(g.owner), id: g.id, bucket: g.bucket, offset: g.offset, length: g.length });
-      return (await res.json()) as string[];
-    },
+    getConversation: async (g) => json<string[]>(post("/api/conversation", { owner: ownerOf(g.owner), id: g.id, bucket: g.bucket, offset: g.offset, length: g.length })),
 
     async history(h) {
       const res = await post("/api/history", { owner: ownerOf(h.owner), id: h.id, offset: h.offset, length: h.length }).catch(notFound);

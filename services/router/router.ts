@@ -78,18 +78,16 @@ export function createRouter(opts: RouterOptions): Router {
     // With keys: who calls and their request rate before anything else (a bad body counts too)…
     const key = opts.apiKeys ? await authenticate(opts.apiKeys, caller.apiKey ?? ownKey) : undefined;
     const { scheme, network } = routeOf(body);
+    const pair = pairKey(scheme, network);
     // …then what they may do, and a settlement counted before it is forwarded: an exhausted key sends nothing.
     if (key) await authorize(opts.apiKeys!, key, action, scheme, network);
-    const route = routes.get(pairKey(scheme, network));
+    const route = routes.get(pair);
     if (!route) {
       const registered = [...routes.keys()];
-      throw new RequestError(
-        "unsupported_scheme_network",
-        `no facilitator for ${pairKey(scheme, network)}; registered pairs: ${registered.length ? registered.join(", ") : "(none)"}`,
-      );
+      throw new RequestError("unsupported_scheme_network", `no facilitator for ${pair}; registered pairs: ${registered.length ? registered.join(", ") : "(none)"}`);
     }
     // A settlement of a key with a gas budget on this network holds its worst case until the answer says what it cost.
-    const gas = key && action === "settle" ? await reserveGas(opts.apiKeys!, key, pairKey(scheme, network), network) : undefined;
+    const gas = key && action === "settle" ? await reserveGas(opts.apiKeys!, key, pair, network) : undefined;
     let spent: bigint | undefined;
     try {
       const timeout = action === "verify" ? (opts.verifyTimeoutMs ?? 30_000) : (opts.settleTimeoutMs ?? 60_000);
@@ -133,7 +131,7 @@ export function createRouter(opts: RouterOptions): Router {
         // spent, and says nothing while a transaction is unmined: then the reservation is charged whole.
         spent = res.statusCode !== 200 ? 0n : bigintHeader(res.headers[FLEET_HEADERS.gasSpent]);
         const quote = bigintHeader(res.headers[FLEET_HEADERS.gasQuote]);
-        if (quote !== undefined) gasQuotes.set(pairKey(scheme, network), quote);
+        if (quote !== undefined) gasQuotes.set(pair, quote);
       }
       // Server-Timing: how long the facilitator took, so a caller (and the bench) sees what the router itself adds.
       const upstream = `upstream;dur=${(performance.now() - sentAt).toFixed(2)}`;
