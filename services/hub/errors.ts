@@ -1,6 +1,6 @@
 // The hub's request errors: proper status codes and the contract's body `{"error": "<code>: <detail>"}`
 // (the original answered a non-standard 599 with `{"Type":"hub","Message":...}`).
-import { COMMON_STATUS, CodedError } from "../platform/errors.ts";
+import { COMMON_STATUS, codedErrors } from "../platform/errors.ts";
 
 const STATUS = {
   ...COMMON_STATUS,
@@ -15,8 +15,4 @@ const STATUS = {
 
 export type HubErrorCode = keyof typeof STATUS;
 
-export class HubError extends CodedError<HubErrorCode> {
-  constructor(code: HubErrorCode, detail: string, headers: Record<string, string> = {}) {
-    super(code, detail, STATUS[code], headers);
-  }
-}
+export class HubError extends codedErrors(STATUS) {}

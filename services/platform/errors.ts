@@ -28,3 +28,12 @@ export const COMMON_STATUS = {
   backend_unavailable: 503,
   internal_error: 500,
 } as const;
+
+/** A service's error class, its codes and their statuses from one table: `class HubError extends codedErrors(STATUS) {}`. */
+export function codedErrors<S extends Record<string, number>>(status: S) {
+  return class extends CodedError<Extract<keyof S, string>> {
+    constructor(code: Extract<keyof S, string>, detail: string, headers: Record<string, string> = {}) {
+      super(code, detail, status[code]!, headers);
+    }
+  };
+}

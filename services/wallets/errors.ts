@@ -1,7 +1,7 @@
 // The wallet service's request errors: a status and the project's body `{"error": "<code>: <detail>"}`.
 // Policy refusals are errors too (403 with the rule that refused), and nothing is signed when one is
 // raised. Details never quote a key, a data key or a credential.
-import { COMMON_STATUS, CodedError } from "../platform/errors.ts";
+import { COMMON_STATUS, codedErrors } from "../platform/errors.ts";
 
 const STATUS = {
   ...COMMON_STATUS,
@@ -39,8 +39,4 @@ const STATUS = {
 
 export type WalletErrorCode = keyof typeof STATUS;
 
-export class WalletError extends CodedError<WalletErrorCode> {
-  constructor(code: WalletErrorCode, detail: string, headers: Record<string, string> = {}) {
-    super(code, detail, STATUS[code], headers);
-  }
-}
+export class WalletError extends codedErrors(STATUS) {}

@@ -1,6 +1,6 @@
 // Request-level errors: the contract's HTTP error body `{"error": "<code>: <detail>"}`.
 // Payment-level outcomes are not errors: they are 200 responses with x402 reason codes.
-import { COMMON_STATUS, CodedError } from "../platform/errors.ts";
+import { COMMON_STATUS, codedErrors } from "../platform/errors.ts";
 
 const STATUS = {
   ...COMMON_STATUS,
@@ -24,8 +24,8 @@ const STATUS = {
 
 export type RequestErrorCode = keyof typeof STATUS;
 
-export class RequestError extends CodedError<RequestErrorCode> {
+export class RequestError extends codedErrors(STATUS) {
   constructor(code: RequestErrorCode, detail: string) {
-    super(code, detail, STATUS[code], STATUS[code] === 401 ? { "www-authenticate": "Bearer" } : {});
+    super(code, detail, STATUS[code] === 401 ? { "www-authenticate": "Bearer" } : {});
   }
 }
