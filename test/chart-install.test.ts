@@ -45,7 +45,7 @@ describeWithControlPlane("the chart installed with helm", { controllers: true, f
   const runHelm = (args: string[]) => {
     const r = spawnSync(helm(), args, {
       encoding: "utf8",
-      env: { PATH: process.env.PATH, KUBECONFIG: cp().kubeconfigPath, HELM_CACHE_HOME: join(home, "cache"), HELM_CONFIG_HOME: join(home, "config"), HELM_DATA_HOME: join(home, "data") },
+      env: { PATH: process.env.PATH, HOME: home, KUBECONFIG: cp().kubeconfigPath, HELM_CACHE_HOME: join(home, "cache"), HELM_CONFIG_HOME: join(home, "config"), HELM_DATA_HOME: join(home, "data") },
     });
     if (r.status !== 0) throw new Error(`helm ${args[0]} failed (${r.status}): ${r.stderr}`);
     return r.stdout;
