@@ -197,3 +197,22 @@ describe("a database that goes away is the service being unavailable, never a bu
     }
   });
 });
+
+describe("the HTTP kit's answer to a failure it does not know", () => {
+  it("is a 500 internal_error, and its log line keeps no URL (an RPC URL can carry an API key)", async () => {
+    const { createServiceApp } = await import("../services/platform/http-kit.ts");
+    const lines: string[] = [];
+    const logger = pino({ level: "info" }, { write: (line: string) => void lines.push(line) });
+    const app = createServiceApp({ service: "test", logger, bodyLimit: 1024, endpoints: "none" }, (a) => {
+      a.get("/boom", async () => {
+        throw new Error("fetch failed: https://rpc.example/v2/SECRETKEY123 answered 500\nURL: https://rpc.example/v2/SECRETKEY123");
+      });
+    });
+    const res = await app.inject({ method: "GET", url: "/boom" });
+    await app.close();
+    expect(res.statusCode).toBe(500);
+    expect(res.json()).toEqual({ error: "internal_error: the request could not be processed; see the service logs" });
+    expect(lines.some((l) => l.includes("test request failed"))).toBe(true);
+    expect(lines.join("")).not.toContain("SECRETKEY123");
+  });
+});

@@ -4,7 +4,7 @@
 // /readyz), and a periodic sweep of expired nonces.
 import { createPublicClient, getAddress, http, isAddress, type Address, type Hex, type PublicClient } from "viem";
 import { databaseLabel, serve, serviceDatabase, startService, type DatabaseOptions, type RunningService, type ServiceOptions } from "../platform/lifecycle.ts";
-import { createLogger, endpointName } from "../platform/logger.ts";
+import { createLogger, endpointName, safeMessage } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
 import { createHubApp, type HubAppOptions } from "./app.ts";
 import { createSignatureVerifier, DEFAULT_HUB_DOMAIN_NAME, hubDomain, type HubDomain } from "./auth.ts";
@@ -42,7 +42,7 @@ async function rpcClient(rpcUrl: string): Promise<{ client: PublicClient; chainI
   try {
     return { client, chainId: await client.getChainId() };
   } catch (e) {
-    throw new Error(`hub: RPC ${endpointName(rpcUrl)} did not answer eth_chainId: ${(e as Error).message.split("\n")[0]}`);
+    throw new Error(`hub: RPC ${endpointName(rpcUrl)} did not answer eth_chainId: ${safeMessage(e)}`);
   }
 }
 
@@ -86,7 +86,7 @@ export async function startHubService(opts: HubServiceOptions = {}): Promise<Run
       now,
     });
     const sweep = setInterval(() => {
-      store.sweepNonces(now() / 1000 - SWEEP_GRACE_SECONDS).catch((e: Error) => logger.warn({ err: { message: e.message.split("\n")[0] } }, "hub nonce sweep failed"));
+      store.sweepNonces(now() / 1000 - SWEEP_GRACE_SECONDS).catch((e: Error) => logger.warn({ err: { message: safeMessage(e) } }, "hub nonce sweep failed"));
     }, SWEEP_INTERVAL_MS);
     sweep.unref();
     life.defer(() => clearInterval(sweep));

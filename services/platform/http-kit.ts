@@ -4,7 +4,7 @@
 // routes the service registers. A service's own file keeps only its routes.
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest, type FastifyServerOptions } from "fastify";
 import { COMMON_STATUS, CodedError } from "./errors.ts";
-import type { Logger } from "./logger.ts";
+import { safeMessage, type Logger } from "./logger.ts";
 import type { Metrics } from "./metrics.ts";
 import { resolveServerTimeouts, serverTimeoutOptions, type ServerTimeouts } from "./timeouts.ts";
 import { withServerSpan } from "./tracing.ts";
@@ -96,7 +96,7 @@ export function createServiceApp(opts: ServiceAppOptions, routes: (app: FastifyI
     if (known) return sendError(reply, known);
     // The kind of failure only: never parameters (they can hold payment data or stored messages).
     const e = (error ?? {}) as { name?: string; message?: string; code?: string };
-    const err = { name: e.name, message: e.message?.split("\n")[0], code: e.code };
+    const err = { name: e.name, message: safeMessage(e), code: e.code };
     if (isDatabaseError(e)) {
       request.log.error({ err }, `${service} storage failed`);
       return sendError(reply, kitError("backend_unavailable", "the store is unavailable; try again"));

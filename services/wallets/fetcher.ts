@@ -9,6 +9,7 @@
 import { fetch as undiciFetch } from "undici";
 import { decodePaymentResponseHeader } from "@x402/core/http";
 import { createEgress, DESTINATION_NOT_ALLOWED, literalDestinationProblem } from "../platform/egress.ts";
+import { safeMessage } from "../platform/logger.ts";
 import { WalletError } from "./errors.ts";
 import { ownedWallet } from "./owned.ts";
 import { payFor, type Caller, type PaymentsDeps, type PayResult } from "./payments.ts";
@@ -135,7 +136,7 @@ export function createFetcher(opts: FetchOptions): Fetcher {
         ...(typeof settlement?.transaction === "string" && settlement.transaction ? { transaction: settlement.transaction } : {}),
         ...(typeof settlement?.errorReason === "string" ? { errorReason: settlement.errorReason } : {}),
       };
-      await deps.store.setOutcome(walletId, paid.record.id, outcome).catch((e: Error) => deps.logger.warn({ reason: e.message.split("\n")[0] }, "wallets: outcome not recorded"));
+      await deps.store.setOutcome(walletId, paid.record.id, outcome).catch((e: Error) => deps.logger.warn({ reason: safeMessage(e) }, "wallets: outcome not recorded"));
       return { response: retry.response, paid: true, payment: { record: { ...paid.record, outcome }, accepted: paid.accepted, settlement } };
     },
     close: () => dispatcher.close(),

@@ -10,7 +10,7 @@
 import { randomBytes } from "node:crypto";
 import { keccak256, type Address, type Hex } from "viem";
 import type { PaymentPayload, PaymentRequirements } from "@x402/core/types";
-import type { Logger } from "../platform/logger.ts";
+import { safeMessage, type Logger } from "../platform/logger.ts";
 import type { Queryable } from "../platform/storage.ts";
 import { reasonLabel, type Metrics } from "../platform/metrics.ts";
 import { networkInfo } from "../x402/networks.ts";
@@ -98,7 +98,7 @@ async function chainCheck(deps: PaymentsDeps, address: Address, c: Candidate): P
     }
     return undefined;
   } catch (e) {
-    deps.logger.warn({ network: c.network, reason: (e as Error).message.split("\n")[0] }, "wallets: balance check skipped (RPC failed)");
+    deps.logger.warn({ network: c.network, reason: safeMessage(e) }, "wallets: balance check skipped (RPC failed)");
     return undefined;
   }
 }

@@ -4,7 +4,7 @@
 // HTTP app, and the admin port (/metrics, /healthz, /readyz).
 import { randomBytes } from "node:crypto";
 import { databaseLabel, serve, serviceDatabase, startService, type DatabaseOptions, type RunningService, type ServiceOptions } from "../platform/lifecycle.ts";
-import { createLogger, endpointName } from "../platform/logger.ts";
+import { createLogger, endpointName, safeMessage } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
 import type { Caip2 } from "../x402/networks.ts";
 import { createWalletsApp, DEFAULT_MAX_AUTHORIZATION_SECONDS, DEFAULT_WALLETS_BODY_LIMIT } from "./app.ts";
@@ -72,7 +72,7 @@ export async function startWalletsService(opts: WalletsServiceOptions = {}): Pro
     const rotator = createRotator({ store, keyring, logger, metrics, now, replicaId, replicaLivenessMs: 3 * heartbeatMs });
     life.defer(() => store.leave(replicaId));
     life.defer(() => rotator.idle());
-    rotate = () => void rotator.rewrapAll().catch((e: Error) => logger.error({ reason: e.message.split("\n")[0] }, "wallets: re-wrapping failed"));
+    rotate = () => void rotator.rewrapAll().catch((e: Error) => logger.error({ reason: safeMessage(e) }, "wallets: re-wrapping failed"));
     // Registers this replica's primary before anything is served; then finishes a rotation an
     // earlier run started (data keys still under an older loaded key) in the background.
     await store.heartbeat(replicaId, keyring.current().primary.id);
