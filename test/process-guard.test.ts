@@ -55,10 +55,14 @@ describe("process guard", () => {
       const m = await metrics();
       return counterOf(m, "rejection") === 1 && counterOf(m, "exception") === 1 ? true : undefined;
     });
+    // The log lines come through a pipe, the counts through HTTP: the two channels keep no order
+    // between them, so wait for the two lines before reading them.
+    const guardLines = () => out.split("\n").filter((l) => l.includes("unhandled"));
+    await until("both logged", () => (["rejection", "exception"].every((k) => guardLines().some((l) => l.includes(`"kind":"${k}"`))) ? true : undefined));
 
     expect(exited).toBe(false);
     expect((await fetch(`${url}/supported`)).status).toBe(200);
-    const lines = out.split("\n").filter((l) => l.includes("unhandled"));
+    const lines = guardLines();
     expect(lines.some((l) => l.includes('"kind":"rejection"') && l.includes('"type":"Error"') && l.includes("<rpc>"))).toBe(true);
     expect(lines.some((l) => l.includes('"kind":"exception"') && l.includes('"type":"TypeError"'))).toBe(true);
     expect(out).not.toContain("SECRET");
