@@ -1,9 +1,12 @@
 #!/usr/bin/env node
-// The x402-fleet command. Sources are TypeScript, loaded through tsx's ESM hook.
-import { register } from "tsx/esm/api";
+// The x402-fleet command: the bundle in dist/ when it was built from the sources as they are
+// (bin/built.mjs), otherwise the TypeScript sources through tsx's ESM hook.
+import { fileURLToPath, pathToFileURL } from "node:url";
+import { builtEntry } from "./built.mjs";
 
-register();
-const { main } = await import("../services/cli.ts");
+const built = builtEntry(fileURLToPath(new URL("..", import.meta.url)));
+if (!built) (await import("tsx/esm/api")).register();
+const { main } = built ? await import(pathToFileURL(built).href) : await import("../services/cli.ts");
 try {
   await main(process.argv.slice(2));
 } catch (e) {

@@ -13,6 +13,10 @@ if (stale) {
   execSync("npm ci --no-audit --no-fund", { stdio: "inherit" });
 }
 
+// The services run bundled (scripts/build.mjs): rebuilt whenever a source changed since the last build.
+const { builtEntry } = await import("../bin/built.mjs");
+if (!builtEntry(process.cwd())) execSync("node scripts/build.mjs", { stdio: "inherit" });
+
 // helm is only needed by the chart tests (which also install it themselves): never fatal here,
 // so `npm start` works on an install without devDependencies.
 try {

@@ -54,6 +54,9 @@ describe("the Dockerfile", () => {
     expect(of(deps, "COPY").join(" ")).toMatch(/package\.json package-lock\.json \.npmrc/);
     expect(of(runtime, "COPY")).toContain(`--from=${deps.name} /app/node_modules ./node_modules`);
     expect(of(runtime, "RUN")).toEqual([]); // nothing installed or built in the final image
+    // The bundle the pods run (no TypeScript loader) is built beside the dependencies and copied.
+    expect(of(deps, "RUN")).toContain("node scripts/build.mjs");
+    expect(of(runtime, "COPY")).toContain(`--from=${deps.name} /app/dist ./dist`);
   });
 
   it("runs the x402-fleet command as a non-root uid, the chart's", () => {
@@ -112,5 +115,6 @@ describe("the Dockerfile", () => {
     const ignored = readFileSync(join(ROOT, ".dockerignore"), "utf8").split("\n").map((l) => l.trim()).filter((l) => l && !l.startsWith("#"));
     expect(ignored).toEqual(expect.arrayContaining(["**/node_modules", ".git", "test", ".tools"]));
     for (const needed of ["package.json", "package-lock.json", ".npmrc", "bin", "services", "operator"]) expect(ignored).not.toContain(needed);
+    expect(ignored.indexOf("!scripts/build.mjs")).toBeGreaterThan(ignored.indexOf("scripts")); // the deps stage builds the bundle
   });
 });

@@ -2,7 +2,7 @@
 // caches the artifacts under node_modules/.cache/x402-fleet/, keyed by the sources, the compiler
 // version and the settings, so every later call (and every later process) skips the ~1 s compile.
 import { createHash } from "node:crypto";
-import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -19,7 +19,15 @@ export type CompiledContracts = Record<string, CompiledContract>;
 /** Cancun: transient storage (EIP-1153) is used; anvil 1.7 defaults to a later fork, so it runs there. */
 export const DEVNET_EVM_VERSION = "cancun";
 
-const CONTRACTS_DIR = fileURLToPath(new URL("./contracts/", import.meta.url));
+// Beside this file in the sources; found from the project root when this runs bundled (dist/).
+const CONTRACTS_DIR = findUp(dirname(fileURLToPath(import.meta.url)), "services/devnet/contracts");
+
+function findUp(from: string, relative: string): string {
+  for (let dir = from; ; dir = dirname(dir)) {
+    if (existsSync(join(dir, relative))) return join(dir, relative);
+    if (dirname(dir) === dir) return join(from, "contracts");
+  }
+}
 const CACHE_FORMAT = 1;
 const CACHE_PREFIX = "devnet-contracts-";
 

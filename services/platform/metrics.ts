@@ -5,6 +5,10 @@
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
 import { unhandledErrorCounts } from "./process-guard.ts";
 
+// "bundle" when this runs from dist/ (scripts/build.mjs), "sources" through tsx: the image and the
+// bench must run the bundle, and a dashboard can tell which.
+const RUNTIME = import.meta.url.endsWith(".ts") ? "sources" : "bundle";
+
 const LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
 
 export function createMetrics(service: string) {
@@ -12,6 +16,7 @@ export function createMetrics(service: string) {
   registry.setDefaultLabels({ service });
   collectDefaultMetrics({ register: registry });
   const r = { registers: [registry] };
+  new Gauge({ name: "x402_build_info", help: "1, labelled with how this process runs its code (runtime: bundle or sources) and Node's version", labelNames: ["runtime", "node"], ...r }).set({ runtime: RUNTIME, node: process.version }, 1);
   return {
     registry,
     verifyTotal: new Counter({ name: "x402_verify_total", help: "Payment verifications by outcome", labelNames: ["network", "scheme", "result", "reason"], ...r }),

@@ -1,0 +1,3 @@
+export declare const SOURCE_DIRS: string[];
+export declare function sourcesDigest(root: string): string;
+export declare function builtEntry(root: string): string | undefined;
