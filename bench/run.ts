@@ -2,6 +2,7 @@
 // chain, tokens and pre-signed payloads, in one run. Prints a table and writes
 // bench/results/latest.json and latest.md. Figures are measurements, never test assertions.
 import { spawn, type ChildProcess } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { mkdtemp, readFile, rm, writeFile, mkdir } from "node:fs/promises";
 import { cpus, tmpdir } from "node:os";
 import { join } from "node:path";
@@ -21,8 +22,12 @@ const children: ChildProcess[] = [];
 /** BENCH_CPU_PROFILE_DIR=dir writes a V8 CPU profile of every service process there (open in Chrome DevTools). */
 const profile = process.env.BENCH_CPU_PROFILE_DIR ? ["--cpu-prof", `--cpu-prof-dir=${process.env.BENCH_CPU_PROFILE_DIR}`] : [];
 
+// Our services run with the image's Node options (its young-generation size), as deployed.
+const IMAGE_NODE_OPTIONS = /NODE_OPTIONS="([^"]*)"/.exec(readFileSync(join(ROOT, "Dockerfile"), "utf8"))?.[1] ?? "";
+
 function start(args: string[], env: Record<string, string>): ChildProcess {
-  const child = spawn(process.execPath, [...profile, ...args], { cwd: ROOT, env: { ...process.env, LOG_LEVEL: "warn", ...env }, stdio: ["ignore", "ignore", "inherit"] });
+  const ours = args[0] === "bin/x402-fleet.js" ? { NODE_OPTIONS: IMAGE_NODE_OPTIONS } : {};
+  const child = spawn(process.execPath, [...profile, ...args], { cwd: ROOT, env: { ...process.env, LOG_LEVEL: "warn", ...ours, ...env }, stdio: ["ignore", "ignore", "inherit"] });
   children.push(child);
   return child;
 }
