@@ -1,3 +1,2 @@
-export declare const SOURCE_DIRS: string[];
 export declare function sourcesDigest(root: string): string;
 export declare function builtEntry(root: string): string | undefined;

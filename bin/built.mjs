@@ -6,7 +6,7 @@ import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 
 /** The folders the bundle is made of (everything services/cli.ts can import). */
-export const SOURCE_DIRS = ["services", "operator"];
+const SOURCE_DIRS = ["services", "operator"];
 
 /** A digest of every TypeScript source under the project root (paths and contents). */
 export function sourcesDigest(root) {

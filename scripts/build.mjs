@@ -6,25 +6,32 @@
 import { build } from "esbuild";
 import { renameSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { sourcesDigest } from "../bin/built.mjs";
 
-const root = new URL("..", import.meta.url).pathname;
+const root = fileURLToPath(new URL("..", import.meta.url));
 const sources = sourcesDigest(root);
-// Built beside dist/ and swapped in whole: a process starting meanwhile sees the old bundle or the new one.
+// Built beside dist/ and swapped in whole: a process starting meanwhile runs the old bundle, the new
+// one, or (between the two renames) the sources; never half a bundle.
 const staging = join(root, `dist.${process.pid}.tmp`);
 rmSync(staging, { recursive: true, force: true });
-await build({
-  entryPoints: [join(root, "services/cli.ts")],
-  outdir: staging,
-  bundle: true,
-  // Each command's service stays a chunk of its own, loaded only by that command (as the sources' dynamic imports).
-  splitting: true,
-  format: "esm",
-  platform: "node",
-  target: "node20",
-  packages: "external",
-  logLevel: "warning",
-});
-writeFileSync(join(staging, "build.json"), JSON.stringify({ sources, entry: "cli.js" }) + "\n");
-rmSync(join(root, "dist"), { recursive: true, force: true });
-renameSync(staging, join(root, "dist"));
+try {
+  await build({
+    entryPoints: [join(root, "services/cli.ts")],
+    outdir: staging,
+    bundle: true,
+    // Each command's service stays a chunk of its own, loaded only by that command (as the sources' dynamic imports).
+    splitting: true,
+    format: "esm",
+    platform: "node",
+    target: "node20",
+    packages: "external",
+    logLevel: "warning",
+  });
+  writeFileSync(join(staging, "build.json"), JSON.stringify({ sources, entry: "cli.js" }) + "\n");
+  rmSync(join(root, "dist"), { recursive: true, force: true });
+  renameSync(staging, join(root, "dist"));
+} finally {
+  // A failed build, or a concurrent one that swapped its dist/ in first, leaves no staging folder behind.
+  rmSync(staging, { recursive: true, force: true });
+}

@@ -19,15 +19,9 @@ export type CompiledContracts = Record<string, CompiledContract>;
 /** Cancun: transient storage (EIP-1153) is used; anvil 1.7 defaults to a later fork, so it runs there. */
 export const DEVNET_EVM_VERSION = "cancun";
 
-// Beside this file in the sources; found from the project root when this runs bundled (dist/).
-const CONTRACTS_DIR = findUp(dirname(fileURLToPath(import.meta.url)), "services/devnet/contracts");
-
-function findUp(from: string, relative: string): string {
-  for (let dir = from; ; dir = dirname(dir)) {
-    if (existsSync(join(dir, relative))) return join(dir, relative);
-    if (dirname(dir) === dir) return join(from, "contracts");
-  }
-}
+// Beside this file in the sources; bundled, this runs from dist/ and they stay in the sources' folder.
+const HERE = dirname(fileURLToPath(import.meta.url));
+const CONTRACTS_DIR = existsSync(join(HERE, "contracts")) ? join(HERE, "contracts") : join(HERE, "..", "services", "devnet", "contracts");
 const CACHE_FORMAT = 1;
 const CACHE_PREFIX = "devnet-contracts-";
 
