@@ -5,11 +5,26 @@
 // (bin/built.mjs); the image, `npm start`, `npm test` and `npm run bench` build it first.
 import { build } from "esbuild";
 import { renameSync, rmSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { join, sep } from "node:path";
 import { fileURLToPath } from "node:url";
 import { sourcesDigest } from "../bin/built.mjs";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
+
+// Packages stay imports of node_modules, except @x402/evm: bundled, so that its import of viem can
+// be the shim that recovers signatures natively (services/facilitator/crypto/viem-for-mechanisms.ts).
+const MECHANISMS = `${sep}node_modules${sep}@x402${sep}evm${sep}`;
+const VIEM_FOR_MECHANISMS = join(root, "services/facilitator/crypto/viem-for-mechanisms.ts");
+const packagesExceptMechanisms = {
+  name: "packages-except-mechanisms",
+  setup(b) {
+    b.onResolve({ filter: /^[^./]/ }, (args) => {
+      if (args.path === "viem" && args.importer.includes(MECHANISMS)) return { path: VIEM_FOR_MECHANISMS };
+      if (args.path === "@x402/evm" || args.path.startsWith("@x402/evm/")) return undefined; // bundled
+      return { path: args.path, external: true };
+    });
+  },
+};
 const sources = sourcesDigest(root);
 // Built beside dist/ and swapped in whole: a process starting meanwhile runs the old bundle, the new
 // one, or (between the two renames) the sources; never half a bundle.
@@ -25,7 +40,7 @@ try {
     format: "esm",
     platform: "node",
     target: "node20",
-    packages: "external",
+    plugins: [packagesExceptMechanisms],
     logLevel: "warning",
   });
   writeFileSync(join(staging, "build.json"), JSON.stringify({ sources, entry: "cli.js" }) + "\n");

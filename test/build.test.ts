@@ -1,7 +1,7 @@
 // The bundle (scripts/build.mjs, dist/): the command runs it only while it was built from the
 // sources as they are, and a service started from it says so in x402_build_info.
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
-import { mkdtemp, mkdir, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, mkdir, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
@@ -65,5 +65,17 @@ describe("the bundle", () => {
     expect(admin, out.slice(-500)).toBeDefined();
     const metrics = await (await fetch(`${admin}/metrics`)).text();
     expect(metrics).toMatch(/^x402_build_info\{runtime="bundle",node="v\d+\.\d+\.\d+"[^}]*\} 1$/m);
+  });
+
+  it("gives the bundled @x402/evm mechanisms native signature recovery: their viem is the shim", async () => {
+    if (!builtEntry(ROOT)) execFileSync(process.execPath, ["scripts/build.mjs"], { cwd: ROOT, stdio: "inherit" });
+    const chunks = await Promise.all((await readdir(join(ROOT, "dist"))).filter((f) => f.endsWith(".js")).map((f) => readFile(join(ROOT, "dist", f), "utf8")));
+    const mechanisms = chunks.find((c) => c.includes("async function verifyECDSA("));
+    expect(mechanisms, "the exact mechanism is bundled").toBeDefined();
+    // Its signature check calls the shim's recovery (ecrecover.ts), not viem's pure-JS one.
+    const body = mechanisms!.slice(mechanisms!.indexOf("async function verifyECDSA("), mechanisms!.indexOf("async function verifyERC1271("));
+    expect(body).toMatch(/await recoverAddress\(\{ hash: digest, signature \}\)/);
+    expect(mechanisms).toContain("// services/facilitator/crypto/viem-for-mechanisms.ts");
+    for (const c of chunks) expect(c).not.toMatch(/import \{[^}]*\brecoverAddress\s*[,}][^;]*from "viem"/);
   });
 });

@@ -2,8 +2,9 @@
 // including high-s, wrong v and malformed signatures.
 import { describe, expect, it } from "vitest";
 import { randomBytes } from "node:crypto";
-import { recoverAddress, toHex, type Hex } from "viem";
+import { hexToBytes, recoverAddress, recoverTypedDataAddress, toHex, type Hex } from "viem";
 import { generatePrivateKey, sign, privateKeyToAccount } from "viem/accounts";
+import * as ours from "../services/facilitator/crypto/ecrecover.ts";
 import { nativeRecoveryAvailable, recoverSigner } from "../services/facilitator/crypto/ecrecover.ts";
 
 const N = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141n;
@@ -61,5 +62,25 @@ describe("ecrecover", () => {
     }
     expect(compared).toBeGreaterThanOrEqual(4000);
     expect(recoveredSigner).toBeGreaterThanOrEqual(320 * 3); // valid, low/high-s twin, yParity form
+  });
+
+  it("the stand-ins the bundled mechanisms get for viem's recoverAddress and recoverTypedDataAddress answer as viem does", async () => {
+    const account = privateKeyToAccount(generatePrivateKey());
+    const typed = {
+      domain: { name: "USD Coin", version: "2", chainId: 8453, verifyingContract: "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913" as const },
+      types: { Transfer: [{ name: "to", type: "address" }, { name: "value", type: "uint256" }] },
+      primaryType: "Transfer" as const,
+      message: { to: account.address, value: 5n },
+    };
+    const signature = await account.signTypedData(typed);
+    expect(await ours.recoverTypedDataAddress({ ...typed, signature })).toBe(account.address);
+    expect(await ours.recoverTypedDataAddress({ ...typed, signature })).toBe(await recoverTypedDataAddress({ ...typed, signature }));
+    const hash = toHex(randomBytes(32));
+    const signed = await sign({ hash, privateKey: generatePrivateKey(), to: "hex" });
+    for (const candidate of variants(signed)) {
+      expect(await outcome(() => ours.recoverAddress({ hash, signature: candidate }))).toBe(await outcome(() => recoverAddress({ hash, signature: candidate })));
+      // Bytes go to viem's own recovery, with the same answer.
+      expect(await outcome(() => ours.recoverAddress({ hash: hexToBytes(hash), signature: hexToBytes(candidate) }))).toBe(await outcome(() => recoverAddress({ hash: hexToBytes(hash), signature: hexToBytes(candidate) })));
+    }
   });
 });

@@ -5,7 +5,7 @@ import { afterEach, describe, expect, it } from "vitest";
 import { ENGINES, startRig, type Rig } from "./helpers/settlement-rig.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { postJson } from "./helpers/payments.ts";
-import { metricSum } from "./helpers/onchain.ts";
+import { eventually, metricSum } from "./helpers/onchain.ts";
 
 let rig: Rig | undefined;
 afterEach(async () => {
@@ -14,6 +14,7 @@ afterEach(async () => {
 });
 
 const receiptCalls = (adminUrl: string) => metricSum(adminUrl, "x402_rpc_requests_total", { method: "eth_getTransactionReceipt" });
+const lookups = (adminUrl: string) => metricSum(adminUrl, "x402_rpc_requests_total", { method: "eth_getTransactionByHash" });
 
 describe.each(ENGINES)("shared receipt waits (%s store)", (engine) => {
   it("50 concurrent settles of one unmined payment: receipt calls stay within one wait's budget", async () => {
@@ -36,5 +37,25 @@ describe.each(ENGINES)("shared receipt waits (%s store)", (engine) => {
     for (let i = 0; i < 50 && !final?.success; i++) final = (await postJson(`${f.url}/settle`, body)).json;
     expect(final).toMatchObject({ success: true, transaction: answers[0]!.json.transaction });
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(99n);
+  });
+
+  it("the reconciler leaves a transaction to the receipt wait watching it, and takes it over when the wait ends", async () => {
+    rig = await startRig({ engine });
+    const f = await rig.facilitator({ receiptTimeoutMs: 3000 });
+    await rig.test.setAutomine(false);
+    const answer = postJson(`${f.url}/settle`, await rig.payment(42n));
+    await eventually(async () => ((await rig!.test.getTxpoolStatus()).pending === 1 ? true : undefined), 200, 25);
+    // While the wait runs, passes make no lookup of their own (the node's copy, the receipt).
+    const before = await lookups(f.adminUrl);
+    await f.reconciler.pass();
+    expect((await lookups(f.adminUrl)) - before).toBe(0);
+    expect((await answer).json).toMatchObject({ success: false, errorReason: "settlement_pending" });
+    // The wait gave up: the reconciler checks the node still has it.
+    await f.reconciler.pass();
+    expect((await lookups(f.adminUrl)) - before).toBeGreaterThanOrEqual(1);
+    await rig.test.mine({ blocks: 1 });
+    await rig.test.setAutomine(true);
+    await f.reconciler.pass();
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(42n);
   });
 });

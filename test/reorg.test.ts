@@ -8,14 +8,40 @@ import { ENGINES, startRig, type Rig } from "./helpers/settlement-rig.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { postJson } from "./helpers/payments.ts";
 import { eventually, metricSum, nonceOf, publicClient, rpc } from "./helpers/onchain.ts";
+import { callsDuring, startRpcFaultProxy, type RpcFaultProxy } from "./helpers/rpc-fault-proxy.ts";
 
 let rig: Rig | undefined;
+let proxy: RpcFaultProxy | undefined;
 afterEach(async () => {
+  await proxy?.close();
   await rig?.stop();
-  rig = undefined;
+  rig = proxy = undefined;
 });
 
 describe.each(ENGINES)("reorgs (%s store)", (engine) => {
+  it("settlements mined in one block are watched through that block: no receipt lookup per transaction", async () => {
+    rig = await startRig({ engine });
+    proxy = await startRpcFaultProxy({ upstream: rig.anvil.rpcUrl });
+    const f = await rig.facilitator({ rpcUrls: [proxy.url] });
+    const bodies = await Promise.all([1n, 2n, 3n, 4n].map((a) => rig!.payment(a)));
+    await rig.test.setAutomine(false);
+    const answers = Promise.all(bodies.map(async (b) => (await postJson(`${f.url}/settle`, b)).json));
+    await eventually(async () => ((await rig!.test.getTxpoolStatus()).pending === bodies.length ? true : undefined), 200, 50);
+    await rig.test.mine({ blocks: 1 });
+    await rig.test.setAutomine(true);
+    const hashes = (await answers).map((a) => a.transaction as Hex);
+    const blocks = new Set(await Promise.all(hashes.map(async (hash) => (await publicClient(rig!.anvil.rpcUrl).getTransactionReceipt({ hash })).blockNumber)));
+    expect(blocks.size).toBe(1);
+    // Four watched transactions, one block: passes read the block, never the four receipts.
+    const calls = await callsDuring(proxy, async () => {
+      await f.reconciler.pass();
+      await f.reconciler.pass();
+    });
+    expect(calls.eth_getTransactionReceipt ?? 0).toBe(0);
+    expect(calls.eth_getBlockByNumber).toBeGreaterThanOrEqual(1);
+  });
+
+
   it("a settlement whose block is reorged out is re-broadcast as signed and mined again", async () => {
     rig = await startRig({ engine });
     const f = await rig.facilitator();

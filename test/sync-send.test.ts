@@ -3,11 +3,12 @@
 // that does not know the method gets the plain send, and the settlement is the same on chain.
 // Counted at an RPC proxy in front of a real anvil.
 import { afterEach, describe, expect, it } from "vitest";
-import type { Hex } from "viem";
+import type { Address, Hex } from "viem";
 import { startRig, type Rig } from "./helpers/settlement-rig.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { postJson } from "./helpers/payments.ts";
-import { publicClient } from "./helpers/onchain.ts";
+import { eventually, nonceOf, publicClient } from "./helpers/onchain.ts";
+import { SYNC_SENDS_IN_FLIGHT } from "../services/facilitator/settlement/outbox-signer.ts";
 import { callsDuring, startRpcFaultProxy, type RpcFaultProxy } from "./helpers/rpc-fault-proxy.ts";
 
 let rig: Rig | undefined;
@@ -53,6 +54,30 @@ describe("synchronous sends", () => {
     expect(calls.eth_sendRawTransactionSync).toBe(1);
     expect(calls.eth_sendRawTransaction).toBe(2);
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(7n);
+  });
+
+  it("a burst holds at most SYNC_SENDS_IN_FLIGHT connections in synchronous sends; the rest are sent the plain way, and every payment is mined", async () => {
+    rig = await startRig();
+    proxy = await startRpcFaultProxy({ upstream: rig.anvil.rpcUrl });
+    const f = await rig.facilitator({ rpcUrls: [proxy.url], policy: { sendRawTransactionSync: true } });
+    const signer = f.signers[0] as Address;
+    expect((await postJson(`${f.url}/settle`, await rig.payment(1n))).json).toMatchObject({ success: true }); // warm caches
+    const extra = 6;
+    const bodies = await Promise.all(Array.from({ length: SYNC_SENDS_IN_FLIGHT + extra }, () => rig!.payment(10n)));
+    const nonce = await nonceOf(rig.anvil.rpcUrl, signer);
+    // No block until every transaction is out: each synchronous send is held by the node meanwhile.
+    await rig.test.setAutomine(false);
+    const before = { ...proxy.calls };
+    const sent = (method: string) => (proxy!.calls[method] ?? 0) - (before[method] ?? 0);
+    const answers = Promise.all(bodies.map(async (b) => (await postJson(`${f.url}/settle`, b)).json));
+    await eventually(async () => (sent("eth_sendRawTransactionSync") + sent("eth_sendRawTransaction") >= bodies.length ? true : undefined), 200, 50);
+    expect(sent("eth_sendRawTransactionSync")).toBe(SYNC_SENDS_IN_FLIGHT);
+    expect(sent("eth_sendRawTransaction")).toBe(extra);
+    await rig.test.mine({ blocks: 1 });
+    await rig.test.setAutomine(true);
+    for (const a of await answers) expect(a, JSON.stringify(a)).toMatchObject({ success: true });
+    expect(await nonceOf(rig.anvil.rpcUrl, signer)).toBe(nonce + bodies.length);
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(1n + 10n * BigInt(bodies.length));
   });
 
   it("off by default: the plain send and a receipt poll", async () => {

@@ -2,7 +2,7 @@
 // tarball of `secp256k1`) where it loads, viem's pure-JS implementation elsewhere. Both paths give
 // the same answer for every input (a differential test proves it); the native one is ~20× faster.
 import { createRequire } from "node:module";
-import { getAddress, hexToBytes, keccak256, recoverAddress as viemRecoverAddress, parseSignature, type Address, type Hex } from "viem";
+import { getAddress, hashTypedData, hexToBytes, keccak256, recoverAddress as viemRecoverAddress, parseSignature, type Address, type Hex, type TypedDataDefinition } from "viem";
 
 interface NativeSecp256k1 {
   ecdsaRecover(sig: Uint8Array, recid: number, msg32: Uint8Array, compressed: boolean): Uint8Array;
@@ -50,4 +50,14 @@ export async function recoverSigner(hash: Hex, signature: Hex): Promise<Address>
     return viemRecoverAddress({ hash, signature }); // no point on the curve for this r: viem's answer (an error) stands
   }
   return getAddress(`0x${keccak256(publicKey.subarray(1)).slice(-40)}`);
+}
+
+/** viem's `recoverAddress`, with its parameters and answers: native for hex input, viem's own otherwise. */
+export function recoverAddress(args: Parameters<typeof viemRecoverAddress>[0]): Promise<Address> {
+  return typeof args.hash === "string" && typeof args.signature === "string" ? recoverSigner(args.hash, args.signature) : viemRecoverAddress(args);
+}
+
+/** viem's `recoverTypedDataAddress` (the typed data's hash, then `recoverAddress`). */
+export function recoverTypedDataAddress(args: TypedDataDefinition & { signature: Parameters<typeof viemRecoverAddress>[0]["signature"] }): Promise<Address> {
+  return recoverAddress({ hash: hashTypedData(args), signature: args.signature });
 }

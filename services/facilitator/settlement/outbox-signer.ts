@@ -12,7 +12,7 @@ import {
   keccak256,
   parseAbi,
   serializeTransaction,
-  recoverTypedDataAddress,
+  hashTypedData,
   type Abi,
   type Address,
   type Hex,
@@ -32,6 +32,7 @@ import { BelowFeeFloorError, DEFAULT_BASE_FEE_MULTIPLIER, GasCeilingExceededErro
 import { GAS_BUDGET_EXHAUSTED } from "./gas-meter.ts";
 import { createHeadTracker } from "./head.ts";
 import { pollMined, sleep } from "./receipts.ts";
+import { recoverSigner } from "../crypto/ecrecover.ts";
 import { cleanLine, explainCallFailure, failureCodeOf } from "./reverts.ts";
 import type { OutboxRow, SettlementStore } from "./store.ts";
 
@@ -74,6 +75,14 @@ export interface OutboxSignerOptions {
 
 /** How long an endpoint that did not know eth_sendRawTransactionSync is not asked again. */
 const SYNC_REPROBE_MS = 10 * 60_000;
+
+/**
+ * Synchronous sends in flight at once, at most. Each holds an RPC connection until its block (the
+ * chain client's pool has 32): a burst of them would starve every read and run into the RPC
+ * timeout while still queued, never sent, leaving a nonce gap its key's later transactions wait
+ * behind. Past this, the plain send (answered at once) and the receipt wait.
+ */
+export const SYNC_SENDS_IN_FLIGHT = 16;
 
 const getL1FeeAbi = parseAbi(["function getL1Fee(bytes) view returns (uint256)"]);
 
@@ -122,6 +131,8 @@ export interface OutboxSigner extends FacilitatorEvmSigner {
    * (the chain state it would simulate against is the same).
    */
   noteSimulated(to: Address, data: Hex, block: bigint, gas: bigint): void;
+  /** Whether a receipt wait of this process is watching this transaction right now. */
+  awaited(hash: Hex): boolean;
   /** Stops the background fee reads. */
   stop(): void;
   account(address: string): PrivateKeyAccount | undefined;
@@ -151,7 +162,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   let rotation = -1;
   const poll = opts.pollIntervalMs ?? 100;
   // Hashes this process sent, so receipt waits need not ask the store on every poll.
-  const sent = new Map<string, Pick<OutboxRow, "id" | "hashes"> & { signer?: Address; transfer?: string }>();
+  const sent = new Map<string, Pick<OutboxRow, "id" | "hashes"> & { signer?: Address; transfer?: string; until: number }>();
   // Account classification (code or none) changes rarely: read it once per short window.
   const codeCache = new Map<string, { code: Hex | undefined; until: number }>();
   const CODE_TTL_MS = 10_000;
@@ -164,6 +175,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   // Receipts that came with a synchronous send, taken by the receipt wait of the same transaction.
   const syncReceipts = new Map<string, TransactionReceipt>();
   let syncUnservedUntil = 0;
+  let syncInFlight = 0;
 
   function pick(): PrivateKeyAccount {
     const required = settlementContext.getStore()?.signer;
@@ -260,7 +272,8 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
 
   /** eth_sendRawTransactionSync where the endpoint serves it: the receipt on record, or false to send the plain way. */
   async function sendSync(row: Pick<OutboxRow, "id" | "raw_tx" | "hash">): Promise<boolean> {
-    if (!opts.syncSend || Date.now() < syncUnservedUntil) return false;
+    if (!opts.syncSend || Date.now() < syncUnservedUntil || syncInFlight >= SYNC_SENDS_IN_FLIGHT) return false;
+    syncInFlight++;
     try {
       const startedAt = performance.now();
       const receipt = await sendRawTransactionSync(client, { serializedTransaction: row.raw_tx });
@@ -279,6 +292,8 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
         return false;
       }
       throw e;
+    } finally {
+      syncInFlight--;
     }
   }
 
@@ -461,7 +476,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       }
       const transfer = kind === "eip3009_transfer" ? transferKey(args.to, args.data) : undefined;
       if (transfer) unminedTransfers.set(transfer, (unminedTransfers.get(transfer) ?? 0) + 1);
-      sent.set(row.hash, { id: row.id, hashes: row.hashes, signer: account.address, transfer });
+      sent.set(row.hash, { id: row.id, hashes: row.hashes, signer: account.address, transfer, until: Date.now() + opts.receiptTimeoutMs });
       awaitingReceipt = true; // the key stays busy until its receipt wait ends
       return row.hash;
     } finally {
@@ -505,6 +520,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       if (simulated.size > 10_000) simulated.clear(); // taken by the settlement; this bounds the ones never settled
       simulated.set(`${to.toLowerCase()}:${data}`, { block, gas });
     },
+    awaited: (hash) => (sent.get(hash)?.until ?? 0) > Date.now(),
     stop: () => clearInterval(background),
     account: (address) => accounts.get(address.toLowerCase()),
     broadcast,
@@ -525,7 +541,8 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       // wallets, ERC-6492 wrappers) is checked on chain by viem.
       if (/^0x[0-9a-fA-F]{130}$/.test(args.signature)) {
         try {
-          const recovered = await recoverTypedDataAddress(args as unknown as TypedDataDefinition & { signature: Hex });
+          // The mechanisms check the payer's signature again when they settle: native recovery (crypto/ecrecover.ts).
+          const recovered = await recoverSigner(hashTypedData(args as unknown as TypedDataDefinition), args.signature);
           if (isAddressEqual(recovered, args.address)) return true;
         } catch {
           // malformed signature: fall through to the on-chain check, which answers false

@@ -68,6 +68,10 @@ export function startReconciler(opts: ReconcilerOptions) {
   }
 
   async function reconcile(tx: OutboxRow): Promise<void> {
+    // A transaction a receipt wait of this process is watching is left to it until it is due a
+    // replacement: a lookup per pass of every transaction of a burst would double the receipt calls.
+    const dueReplacement = tx.age_seconds >= replaceAfter * tx.hashes.length;
+    if (tx.state === "broadcast" && !dueReplacement && signer.awaited(tx.hash)) return;
     const mined = await findMined(chain, tx.hashes, opts.confirmations);
     if (mined) {
       const { receipt } = mined;
@@ -82,7 +86,7 @@ export function startReconciler(opts: ReconcilerOptions) {
       return;
     }
     // Each attempt gets `replaceAfter` to mine before the next, higher-fee one; at its limits it waits, still in the pool.
-    if (tx.age_seconds >= replaceAfter * tx.hashes.length && (await replace(tx, false))) return;
+    if (dueReplacement && (await replace(tx, false))) return;
     const known = await chain.client.getTransaction({ hash: tx.hash }).catch(() => undefined);
     // The node forgot it (restart, eviction, a reorg): send the same bytes again.
     if (!known) await handle(tx, await signer.send(tx));
@@ -162,28 +166,40 @@ export function startReconciler(opts: ReconcilerOptions) {
     const watched = await store.watchedOutbox(signer.getAddresses());
     if (watched.length === 0) return;
     const head = await chain.client.getBlockNumber({ cacheTime: 0 });
+    // One block read per block, not a receipt per transaction: a block still at its height with the
+    // hash we recorded holds every transaction recorded in it.
+    const byBlock = new Map<string, OutboxRow[]>();
     for (const tx of watched) {
-      const at = BigInt(tx.mined_block_number!);
-      const receipt = await chain.client.getTransactionReceipt({ hash: tx.mined_hash! }).catch((e) => (e instanceof TransactionReceiptNotFoundError ? null : undefined));
-      if (receipt === undefined) continue; // the node did not answer: ask again next pass
-      if (receipt && receipt.blockHash === tx.mined_block_hash) {
-        if (head >= at + BigInt(opts.confirmations)) await store.settleWatch(tx.id);
-        continue;
-      }
-      // Make sure the block really changed (a lagging node behind a load balancer may just not know the receipt yet).
-      const block = await chain.client.getBlock({ blockNumber: at }).catch(() => undefined);
-      if (receipt === null && block?.hash === tx.mined_block_hash) continue;
-      const row = await store.reorged(tx.id, tx.mined_block_hash!);
-      if (!row) continue; // another reconciler handled it
-      opts.metrics.reorged.inc({ network });
-      logger.warn({ signer: tx.signer, nonce: tx.nonce, hash: row.hash, block: at.toString() }, "a mined settlement transaction left the canonical chain; sending it again");
-      if (receipt) {
-        // Already included again in the new chain: record where.
-        await store.recordMined(row.payment_id, row.id, receipt.transactionHash, receipt.status === "success", undefined, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });
-        continue;
-      }
-      await handle(row, await signer.send(row));
+      const key = `${tx.mined_block_number}:${tx.mined_block_hash}`;
+      byBlock.set(key, [...(byBlock.get(key) ?? []), tx]);
     }
+    for (const rows of byBlock.values()) {
+      const at = BigInt(rows[0]!.mined_block_number!);
+      const block = await chain.client.getBlock({ blockNumber: at }).catch(() => undefined);
+      if (block === undefined) continue; // the node did not answer (or lags behind): ask again next pass
+      if (block.hash === rows[0]!.mined_block_hash) {
+        if (head >= at + BigInt(opts.confirmations)) await store.settleWatch(rows.map((tx) => tx.id));
+        continue;
+      }
+      for (const tx of rows) await recheck(tx);
+    }
+  }
+
+  /** A transaction whose recorded block is no longer at its height: where it is now, or sent again. */
+  async function recheck(tx: OutboxRow): Promise<void> {
+    const receipt = await chain.client.getTransactionReceipt({ hash: tx.mined_hash! }).catch((e) => (e instanceof TransactionReceiptNotFoundError ? null : undefined));
+    if (receipt === undefined) return; // the node did not answer: ask again next pass
+    if (receipt?.blockHash === tx.mined_block_hash) return; // nodes behind a balancer disagree for now: ask again next pass
+    const row = await store.reorged(tx.id, tx.mined_block_hash!);
+    if (!row) return; // another reconciler handled it
+    opts.metrics.reorged.inc({ network });
+    logger.warn({ signer: tx.signer, nonce: tx.nonce, hash: row.hash, block: tx.mined_block_number }, "a mined settlement transaction left the canonical chain; sending it again");
+    if (receipt) {
+      // Already included again in the new chain: record where.
+      await store.recordMined(row.payment_id, row.id, receipt.transactionHash, receipt.status === "success", undefined, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });
+      return;
+    }
+    await handle(row, await signer.send(row));
   }
 
   async function exportStats() {

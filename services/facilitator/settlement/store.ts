@@ -573,8 +573,8 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     },
 
     /** Deep enough: no longer watched. */
-    async settleWatch(id: string): Promise<void> {
-      await db.query(`UPDATE settlement_outbox SET watched = false, updated_at = now() WHERE id = $1`, [id]);
+    async settleWatch(ids: readonly string[]): Promise<void> {
+      await db.query(`UPDATE settlement_outbox SET watched = false, updated_at = now() WHERE id = ANY($1)`, [ids]);
     },
 
     /**
