@@ -74,6 +74,9 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
   const poll = opts.pollIntervalMs ?? 50;
   const { store, network } = opts;
 
+  // Payments being executed in this process, by asset and payer: a hint that a reservation will need a balance.
+  const settlingHere = new Map<string, number>();
+
   const failure = (reason: string, payer: string | null, message: string) => failureAnswer(network, reason, payer, message);
 
   /** Waits (bounded) for a `sent` payment's outcome; every caller gets the very same stored body. */
@@ -121,6 +124,20 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
 
   /** This caller holds the claim: run the mechanism, then record what happened. */
   async function execute(job: SettleJob, paymentId: string, payer: string | null, deadline: number, owner: string): Promise<SettleResponse> {
+    const key = job.reservation && `${job.reservation.asset}|${job.reservation.payer}`;
+    if (key) settlingHere.set(key, (settlingHere.get(key) ?? 0) + 1);
+    try {
+      return await executeClaimed(job, paymentId, payer, deadline, owner);
+    } finally {
+      if (key) {
+        const left = settlingHere.get(key)! - 1;
+        if (left > 0) settlingHere.set(key, left);
+        else settlingHere.delete(key);
+      }
+    }
+  }
+
+  async function executeClaimed(job: SettleJob, paymentId: string, payer: string | null, deadline: number, owner: string): Promise<SettleResponse> {
     let result: SettleResponse;
     try {
       const refusal = await reserve(job, paymentId, payer, owner);
@@ -182,16 +199,20 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
   async function reserve(job: SettleJob, paymentId: string, payer: string | null, owner: string): Promise<SettleResponse | undefined> {
     const r = job.reservation;
     if (!r || r.amount === 0n) return undefined;
-    let balance: bigint | undefined;
+    // Another payment of this payer running here: the store will ask for a balance, so read it first
+    // (one reservation instead of two, each summing the payer's payments in flight).
+    let balance = (settlingHere.get(`${r.asset}|${r.payer}`) ?? 0) > 1 ? await balanceOf(r.asset, r.payer) : undefined;
     for (;;) {
       const outcome = await store.reserve(paymentId, owner, r.asset, r.payer, r.amount, balance);
       if (outcome.reserved) return undefined;
       if (balance !== undefined) {
         return failure(r.insufficientReason, payer, `the payer's balance does not cover this payment besides ${outcome.inFlight} already being settled`);
       }
-      balance = await opts.chain.client.readContract({ address: r.asset, abi: erc20Abi, functionName: "balanceOf", args: [r.payer] });
+      balance = await balanceOf(r.asset, r.payer);
     }
   }
+
+  const balanceOf = (asset: Address, holder: Address) => opts.chain.client.readContract({ address: asset, abi: erc20Abi, functionName: "balanceOf", args: [holder] });
 
   /** Whether a client's payment identifier already names another payment (see identifierConflict). */
   const conflicts = (bound: { paymentId: string; digest: string } | undefined, id: string, digest: string) => bound !== undefined && (bound.paymentId !== id || bound.digest !== digest);

@@ -290,8 +290,28 @@ export interface SettlementStoreHooks {
   explainRevert?(row: OutboxRow, minedHash: string, minedAt?: MinedAt): Promise<{ code: string; message: string } | undefined>;
 }
 
+/**
+ * Runs fn after every earlier run of the same key in this process. Transactions that wait on one
+ * database lock (a payer's reservations, a key's nonce counter) each hold a pooled connection while
+ * they wait: queued here first, one waits per key, and a burst leaves the pool to everything else.
+ */
+export function createKeyedQueue() {
+  const tails = new Map<string, Promise<void>>();
+  return <T>(key: string, fn: () => Promise<T>): Promise<T> => {
+    const run = (tails.get(key) ?? Promise.resolve()).then(fn);
+    const tail = run.then(
+      () => undefined,
+      () => undefined,
+    );
+    tails.set(key, tail);
+    void tail.then(() => tails.get(key) === tail && tails.delete(key));
+    return run;
+  };
+}
+
 export function createSettlementStore(db: Database, network: string, hooks: SettlementStoreHooks = {}) {
   const countedKeys = new Set<string>();
+  const inTurn = createKeyedQueue();
   return {
     db,
 
@@ -328,7 +348,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
      * to read one and come back.
      */
     async reserve(paymentId: string, owner: string, asset: string, payer: string, amount: bigint, balance?: bigint): Promise<{ reserved: true } | { reserved: false; inFlight: bigint }> {
-      return db.transaction(async (tx) => {
+      return inTurn(`reserve:${asset}:${payer}`, () => db.transaction(async (tx) => {
         await tx.query(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, [`${network}|${asset}|${payer}`]);
         const [row] = await tx.query<{ total: string }>(
           `SELECT COALESCE(sum(reserved), 0)::text AS total FROM settlement_payments p
@@ -339,8 +359,8 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
         const inFlight = BigInt(row!.total);
         if (inFlight > 0n && (balance === undefined || inFlight + amount > balance)) return { reserved: false, inFlight };
         await tx.query(`UPDATE settlement_payments SET asset = $3, reserved_payer = $4, reserved = $5 WHERE network = $1 AND payment_id = $2 AND owner = $6`, [network, paymentId, asset, payer, amount.toString(), owner]);
-        return { reserved: true };
-      });
+        return { reserved: true as const };
+      }));
     },
 
     /**
@@ -412,7 +432,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
      */
     async allocateAndStore(entry: NewOutboxEntry, initialNonce: () => Promise<number>, sign: (nonce: bigint) => Promise<SignedTransaction>): Promise<OutboxRow> {
       const seed = (await this.hasNonce(entry.signer)) ? undefined : await initialNonce();
-      return db.transaction(async (tx) => {
+      return inTurn(`nonce:${entry.signer}`, () => db.transaction(async (tx) => {
         if (seed !== undefined) {
           await tx.query(`INSERT INTO settlement_nonces (network, signer, next_nonce) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, [network, entry.signer, seed]);
         }
@@ -441,7 +461,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
           [network, entry.paymentId, entry.signer, nonce.toString(), entry.to, entry.data, entry.gas.toString(), entry.maxFeePerGas.toString(), entry.maxPriorityFeePerGas.toString(), signed.raw, signed.hash, entry.kind ?? null, (entry.value ?? 0n).toString()],
         );
         return row!;
-      });
+      }));
     },
 
     /** Whether the key has a nonce counter; a counter is never deleted, so a key seen once is not asked again. */
