@@ -72,7 +72,7 @@ describe("the bundle", () => {
     const chunks = await Promise.all((await readdir(join(ROOT, "dist"))).filter((f) => f.endsWith(".js")).map((f) => readFile(join(ROOT, "dist", f), "utf8")));
     const mechanisms = chunks.find((c) => c.includes("async function verifyECDSA("));
     expect(mechanisms, "the exact mechanism is bundled").toBeDefined();
-    // Its signature check calls the shim's recovery (ecrecover.ts), not viem's pure-JS one.
+    // Its signature check calls the shim's recovery (secp256k1.ts), not viem's pure-JS one.
     const body = mechanisms!.slice(mechanisms!.indexOf("async function verifyECDSA("), mechanisms!.indexOf("async function verifyERC1271("));
     expect(body).toMatch(/await recoverAddress\(\{ hash: digest, signature \}\)/);
     expect(mechanisms).toContain("// services/facilitator/crypto/viem-for-mechanisms.ts");

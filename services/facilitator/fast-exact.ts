@@ -11,7 +11,7 @@ import type { PaymentPayload, PaymentRequirements, VerifyResponse } from "@x402/
 import { getAddress, getTypesForEIP712Domain, hashDomain, isAddress, keccak256, parseSignature, toFunctionSelector, toHex, type Address, type Hex } from "viem";
 import { MULTICALL3_ADDRESS, chainIdOf } from "../x402/networks.ts";
 import type { ChainClient } from "./chain.ts";
-import { recoverSigner } from "./crypto/ecrecover.ts";
+import { recoverSigner } from "./crypto/secp256k1.ts";
 import type { OutboxSigner } from "./settlement/outbox-signer.ts";
 
 // Reference reason codes (@x402/evm exact facilitator).

@@ -3,6 +3,7 @@
 // on the admin port.
 import { readFileSync } from "node:fs";
 import { privateKeyToAccount } from "viem/accounts";
+import { settlementAccount } from "./crypto/secp256k1.ts";
 import { createContractApp } from "../platform/http.ts";
 import { serve, serviceDatabase, startService, type RunningService } from "../platform/lifecycle.ts";
 import { createLogger, type Logger } from "../platform/logger.ts";
@@ -66,7 +67,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
       explainRevert: (row, _hash, minedAt) =>
         explainMinedRevert(chain, { from: row.signer, to: row.to_address, data: row.data, gas: BigInt(row.gas), blockNumber: minedAt?.blockNumber, kind: (row.kind ?? "other") as TransactionKind }),
     });
-    const accounts = config.signerKeys.map((k) => privateKeyToAccount(k));
+    const accounts = config.signerKeys.map((k) => settlementAccount(k));
     // A key serves one network: refused when the store knows it from another one.
     await bindSignersToNetwork(db, config.network, accounts.map((a) => a.address));
     const policy = config.policy;

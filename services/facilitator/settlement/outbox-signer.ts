@@ -32,7 +32,7 @@ import { BelowFeeFloorError, DEFAULT_BASE_FEE_MULTIPLIER, GasCeilingExceededErro
 import { GAS_BUDGET_EXHAUSTED } from "./gas-meter.ts";
 import { createHeadTracker } from "./head.ts";
 import { pollMined, sleep } from "./receipts.ts";
-import { recoverSigner } from "../crypto/ecrecover.ts";
+import { recoverSigner } from "../crypto/secp256k1.ts";
 import { cleanLine, explainCallFailure, failureCodeOf } from "./reverts.ts";
 import type { OutboxRow, SettlementStore } from "./store.ts";
 
@@ -541,7 +541,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       // wallets, ERC-6492 wrappers) is checked on chain by viem.
       if (/^0x[0-9a-fA-F]{130}$/.test(args.signature)) {
         try {
-          // The mechanisms check the payer's signature again when they settle: native recovery (crypto/ecrecover.ts).
+          // The mechanisms check the payer's signature again when they settle: native recovery (crypto/secp256k1.ts).
           const recovered = await recoverSigner(hashTypedData(args as unknown as TypedDataDefinition), args.signature);
           if (isAddressEqual(recovered, args.address)) return true;
         } catch {

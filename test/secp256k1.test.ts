@@ -1,11 +1,12 @@
 // The native and pure-JS recovery paths give identical answers over thousands of random inputs,
-// including high-s, wrong v and malformed signatures.
+// including high-s, wrong v and malformed signatures; native transaction signing makes the very
+// bytes viem's signer makes.
 import { describe, expect, it } from "vitest";
 import { randomBytes } from "node:crypto";
-import { hexToBytes, recoverAddress, recoverTypedDataAddress, toHex, type Hex } from "viem";
+import { hexToBytes, parseTransaction, recoverAddress, recoverTransactionAddress, recoverTypedDataAddress, toHex, type Hex } from "viem";
 import { generatePrivateKey, sign, privateKeyToAccount } from "viem/accounts";
-import * as ours from "../services/facilitator/crypto/ecrecover.ts";
-import { nativeRecoveryAvailable, recoverSigner } from "../services/facilitator/crypto/ecrecover.ts";
+import * as ours from "../services/facilitator/crypto/secp256k1.ts";
+import { nativeRecoveryAvailable, recoverSigner } from "../services/facilitator/crypto/secp256k1.ts";
 
 const N = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141n;
 const hex32 = (n: bigint) => n.toString(16).padStart(64, "0");
@@ -81,6 +82,29 @@ describe("ecrecover", () => {
       expect(await outcome(() => ours.recoverAddress({ hash, signature: candidate }))).toBe(await outcome(() => recoverAddress({ hash, signature: candidate })));
       // Bytes go to viem's own recovery, with the same answer.
       expect(await outcome(() => ours.recoverAddress({ hash: hexToBytes(hash), signature: hexToBytes(candidate) }))).toBe(await outcome(() => recoverAddress({ hash: hexToBytes(hash), signature: hexToBytes(candidate) })));
+    }
+  });
+
+  it("settlement keys sign transactions natively to the very bytes viem signs, recoverable to the key's address", async () => {
+    expect(nativeRecoveryAvailable).toBe(true);
+    for (let i = 0; i < 200; i++) {
+      const key = generatePrivateKey();
+      const tx = {
+        chainId: 1 + (i % 50_000),
+        type: "eip1559" as const,
+        to: toHex(randomBytes(20)),
+        data: toHex(randomBytes(i % 300)),
+        gas: 21_000n + BigInt(i) * 1000n,
+        nonce: i * 7,
+        maxFeePerGas: BigInt(`0x${randomBytes(6).toString("hex")}`) + 1n,
+        maxPriorityFeePerGas: BigInt(i),
+        ...(i % 3 === 0 ? { value: BigInt(`0x${randomBytes(8).toString("hex")}`) } : {}),
+      };
+      const native = await ours.settlementAccount(key).signTransaction(tx);
+      expect(native).toBe(await privateKeyToAccount(key).signTransaction(tx));
+      const parsed = parseTransaction(native);
+      expect(await recoverTransactionAddress({ serializedTransaction: native as never })).toBe(privateKeyToAccount(key).address);
+      expect(parsed.nonce).toBe(tx.nonce);
     }
   });
 });
