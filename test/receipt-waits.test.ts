@@ -58,4 +58,22 @@ describe.each(ENGINES)("shared receipt waits (%s store)", (engine) => {
     await f.reconciler.pass();
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(42n);
   });
+
+  it("payments waiting for the next block share the head reads: a receipt lookup when sent and one when their block comes, not a poll each", async () => {
+    rig = await startRig({ engine });
+    const f = await rig.facilitator({ receiptTimeoutMs: 20_000 });
+    const bodies = await Promise.all(Array.from({ length: 10 }, (_, i) => rig!.payment(BigInt(i + 1))));
+    await rig.test.setAutomine(false);
+    const before = await receiptCalls(f.adminUrl);
+    const answers = Promise.all(bodies.map(async (b) => (await postJson(`${f.url}/settle`, b)).json));
+    await eventually(async () => ((await rig!.test.getTxpoolStatus()).pending === bodies.length ? true : undefined), 200, 25);
+    await new Promise((r) => setTimeout(r, 2000)); // a block time: polling on their own, ten waits would ask ~5 times each
+    await rig.test.mine({ blocks: 1 });
+    await rig.test.setAutomine(true);
+    for (const a of await answers) expect(a).toMatchObject({ success: true });
+    const calls = (await receiptCalls(f.adminUrl)) - before;
+    expect(calls).toBeGreaterThanOrEqual(bodies.length);
+    expect(calls).toBeLessThanOrEqual(bodies.length * 2 + 4);
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(55n);
+  });
 });

@@ -1,6 +1,7 @@
 // Receipt lookups across every hash a transaction had (fee replacements keep the nonce and change
 // the hash), with a configurable confirmation depth; and the shared poller every waiter of a
-// process goes through, so N callers waiting on one payment cost the RPC as much as one.
+// process goes through, so N callers waiting on one payment cost the RPC as much as one, and N
+// payments waiting on the next block cost a block read and N receipts.
 import type { Hex, TransactionReceipt } from "viem";
 import type { ChainClient } from "../chain.ts";
 
@@ -24,9 +25,9 @@ export async function findMined(chain: ChainClient, hashes: readonly Hex[], conf
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 export interface ReceiptPollerOptions {
-  /** First interval between two receipt lookups of one transaction. */
+  /** First interval between two reads of the head while transactions are awaited. */
   intervalMs: number;
-  /** The interval doubles after every lookup that found nothing, up to this. */
+  /** The interval doubles after every read that found the head unchanged, up to this; a transaction no followed block holds is looked up every 5 x this. */
   maxIntervalMs: number;
   /** Receipt calls one wait may make; past it the wait stops asking (the reconciler still does). */
   maxCallsPerWait: number;
@@ -37,46 +38,99 @@ export const DEFAULT_RECEIPT_POLLING: ReceiptPollerOptions = { intervalMs: 100, 
 interface Watch {
   inFlight?: Promise<MinedTransaction | undefined>;
   last?: MinedTransaction;
-  nextAt: number;
-  intervalMs: number;
+  /** When a lookup is due even though no followed block holds the transaction (lagging endpoints, skipped blocks, reorgs). */
+  fallbackAt: number;
   calls: number;
   lastUsed: number;
 }
 
+/** Blocks read back at most when the head moved by more than one since the last read. */
+const MAX_BACKFILL = 8;
+
 /**
- * One lookup loop per transaction (its set of hashes) and process: whoever asks while a lookup is
- * in flight shares it, whoever asks before the next lookup is due gets the last answer. A watch
- * nobody asked about for a while is forgotten, so a later wait starts with a fresh budget.
+ * One lookup per transaction and process, when it is due: whoever asks while a lookup is in flight
+ * shares it. A transaction is looked up when first asked about, when a block the poller follows
+ * holds it, and otherwise only every few seconds. The poller follows the head (one block read,
+ * with its transaction hashes, shared by every wait) while someone asks, backing off while the head
+ * stands still: N pending transactions cost a block read per block plus one receipt each, not N
+ * polls per block. A watch nobody asked about for a while is forgotten.
  */
 export function createReceiptPoller(chain: ChainClient, opts: ReceiptPollerOptions = DEFAULT_RECEIPT_POLLING) {
   const watches = new Map<string, Watch>();
   const idleMs = Math.max(opts.maxIntervalMs * 3, 3000);
+  const fallbackMs = opts.maxIntervalMs * 5;
+  // Transaction hashes of the blocks followed, with their block: bounded to the last few blocks.
+  const included = new Map<string, bigint>();
+  let head: bigint | undefined;
+  let following: Promise<void> | undefined;
+  let followAt = 0;
+  let followIntervalMs = opts.intervalMs;
 
   function sweep(now: number) {
     if (watches.size < 256) return;
     for (const [key, w] of watches) if (!w.inFlight && now - w.lastUsed > idleMs) watches.delete(key);
   }
 
+  async function readBlocks(): Promise<void> {
+    const latest = await chain.client.getBlock({ blockTag: "latest" });
+    const number = latest.number!;
+    if (head !== undefined && number <= head) {
+      followIntervalMs = Math.min(followIntervalMs * 2, opts.maxIntervalMs); // the head stands still: ask less often
+      return;
+    }
+    followIntervalMs = opts.intervalMs;
+    const missed: bigint[] = [];
+    for (let n = number - 1n; head !== undefined && n > head && missed.length < MAX_BACKFILL; n--) missed.push(n);
+    const blocks = [latest, ...(await Promise.all(missed.map((n) => chain.client.getBlock({ blockNumber: n }).catch(() => undefined))))];
+    for (const block of blocks) for (const hash of (block?.transactions ?? []) as Hex[]) included.set(hash.toLowerCase(), block!.number!);
+    head = number;
+    if (included.size > 50_000) for (const [hash, at] of included) if (at + 64n < number) included.delete(hash);
+  }
+
+  /** Reads the head (and blocks it skipped) unless a read is in flight or was made too recently. */
+  function follow(now: number): Promise<void> {
+    if (following) return following;
+    if (now < followAt) return Promise.resolve();
+    followAt = now + followIntervalMs;
+    following = readBlocks()
+      .catch(() => undefined) // an RPC failure: the fallback lookups still run
+      .finally(() => (following = undefined));
+    return following;
+  }
+
   return {
     /** The mined receipt of one of the hashes (deep enough), or undefined when not (yet) known. */
     async find(hashes: readonly Hex[], confirmations: number): Promise<MinedTransaction | undefined> {
       const key = `${confirmations}:${[...hashes].sort().join(",")}`;
-      const now = Date.now();
+      let now = Date.now();
       sweep(now);
       let w = watches.get(key);
       if (w && !w.inFlight && now - w.lastUsed > idleMs) w = undefined; // a new wait: a fresh budget
-      if (!w) watches.set(key, (w = { nextAt: now, intervalMs: opts.intervalMs, calls: 0, lastUsed: now }));
+      const first = !w;
+      if (!w) watches.set(key, (w = { fallbackAt: now + fallbackMs, calls: 0, lastUsed: now }));
       w.lastUsed = now;
       if (w.last) return w.last; // mined stays mined (reorgs are the reconciler's business)
       if (w.inFlight) return w.inFlight;
-      if (now < w.nextAt || w.calls + hashes.length > opts.maxCallsPerWait) return undefined;
+      // In a followed block, and as deep as asked (by the head followed).
+      const seen = () => hashes.some((h) => {
+        const at = included.get(h.toLowerCase());
+        return at !== undefined && head !== undefined && head - at + 1n >= BigInt(confirmations);
+      });
+      if (!first && !seen()) {
+        await follow(now);
+        now = Date.now();
+        if (w.inFlight) return w.inFlight; // another waiter started the lookup meanwhile
+        if (!seen() && now < w.fallbackAt) return undefined;
+      }
+      if (w.calls + hashes.length > opts.maxCallsPerWait) return undefined;
       const watch = w;
       watch.calls += hashes.length;
+      watch.fallbackAt = now + fallbackMs;
       watch.inFlight = findMined(chain, hashes, confirmations)
         .then((mined) => {
           watch.last = mined;
-          watch.nextAt = Date.now() + watch.intervalMs;
-          watch.intervalMs = Math.min(watch.intervalMs * 2, opts.maxIntervalMs);
+          // Not found where a block said it was (a reorg, a lagging endpoint): only a later block or the fallback asks again.
+          if (!mined) for (const h of hashes) included.delete(h.toLowerCase());
           return mined;
         })
         .finally(() => (watch.inFlight = undefined));
