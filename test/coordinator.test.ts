@@ -8,6 +8,7 @@ import { createSettlementCoordinator } from "../services/facilitator/settlement/
 import { settlementContext } from "../services/facilitator/settlement/context.ts";
 import { paymentIdentity } from "../services/facilitator/settlement/payment-id.ts";
 import type { ChainClient } from "../services/facilitator/chain.ts";
+import { eventually } from "./helpers/onchain.ts";
 
 let db: Database;
 beforeAll(async () => {
@@ -183,6 +184,57 @@ describe("settlement coordinator: reservations", () => {
     expect(balanceReads).toBe(1);
     release();
     await first;
+  });
+});
+
+describe("settlement coordinator: a payer's burst", () => {
+  it("twelve payments of 100 from a payer holding 1000, all at once: ten run, two are refused, decided together in fewer transactions than payments", async () => {
+    let locks = 0;
+    // The store's database, counting the reservation lock each transaction takes.
+    const counting: Database = {
+      ...db,
+      transaction: (fn) =>
+        db.transaction((tx) =>
+          fn({
+            query: (sql, params) => {
+              if (sql.includes("pg_advisory_xact_lock")) locks++;
+              return tx.query(sql, params);
+            },
+          }),
+        ),
+    };
+    const store = createSettlementStore(counting, network);
+    const payer = "0x00000000000000000000000000000000000000C3" as const;
+    const chain = { client: { readContract: async () => 1000n } } as unknown as ChainClient;
+    const c = createSettlementCoordinator({ store, chain, network, waitBoundMs: 5000, confirmations: 1 });
+    let release!: () => void;
+    const hold = new Promise<void>((r) => (release = r));
+    let ran = 0;
+    const deposit = (salt: string) => ({ x402Version: 2, accepted: requirements, payload: { type: "deposit", channelConfig: { payer, salt }, deposit: { amount: "100" } } }) as unknown as PaymentPayload;
+    const answers = Array.from({ length: 12 }, (_, i) =>
+      c.settle({
+        payload: deposit(`0x${(i + 1).toString(16).padStart(2, "0")}`),
+        requirements: { ...requirements, scheme: "batch-settlement" },
+        reusedReason,
+        reservation: { asset: requirements.asset as `0x${string}`, payer, amount: 100n, insufficientReason: "invalid_batch_settlement_evm_insufficient_balance" },
+        run: async (): Promise<SettleResponse> => {
+          ran++;
+          await hold; // every reservation stays in flight until all are decided
+          return { success: false, errorReason: "invalid_batch_settlement_evm_channel_not_found", transaction: "", network };
+        },
+      }),
+    );
+    let refused = 0;
+    for (const a of answers) void a.then((r) => r.errorReason === "invalid_batch_settlement_evm_insufficient_balance" && refused++);
+    // Ten held in their mechanism (their reservations in flight), two answered: all twelve decided.
+    await eventually(async () => (ran + refused === 12 ? true : undefined), 200, 25);
+    expect(ran).toBe(10);
+    expect(refused).toBe(2);
+    release();
+    const all = await Promise.all(answers);
+    expect(all.filter((a) => a.errorReason === "invalid_batch_settlement_evm_insufficient_balance")).toHaveLength(2);
+    // Reservations queued together are decided in one transaction (here 2); one per payment without that.
+    expect(locks).toBeLessThanOrEqual(6);
   });
 });
 

@@ -290,6 +290,17 @@ export interface SettlementStoreHooks {
   explainRevert?(row: OutboxRow, minedHash: string, minedAt?: MinedAt): Promise<{ code: string; message: string } | undefined>;
 }
 
+export type Reservation = { reserved: true } | { reserved: false; inFlight: bigint };
+
+interface QueuedReservation {
+  paymentId: string;
+  owner: string;
+  amount: bigint;
+  balance?: bigint;
+  resolve: (outcome: Reservation) => void;
+  reject: (e: unknown) => void;
+}
+
 /**
  * Runs fn after every earlier run of the same key in this process. Transactions that wait on one
  * database lock (a payer's reservations, a key's nonce counter) each hold a pooled connection while
@@ -312,6 +323,42 @@ export function createKeyedQueue() {
 export function createSettlementStore(db: Database, network: string, hooks: SettlementStoreHooks = {}) {
   const countedKeys = new Set<string>();
   const inTurn = createKeyedQueue();
+  const reservationBatches = new Map<string, QueuedReservation[]>();
+
+  async function reserveTogether(asset: string, payer: string, queued: QueuedReservation[]): Promise<void> {
+    try {
+      const outcomes = await db.transaction(async (tx) => {
+        await tx.query(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, [`${network}|${asset}|${payer}`]);
+        const [row] = await tx.query<{ total: string }>(
+          `SELECT COALESCE(sum(reserved), 0)::text AS total FROM settlement_payments p
+           WHERE network = $1 AND asset = $2 AND reserved_payer = $3 AND payment_id <> ALL($4::text[]) AND reserved IS NOT NULL AND state IN ('claimed', 'sent')
+             AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = p.payment_id AND o.state IN ('confirmed', 'reverted') AND ${DECISIVE})`,
+          [network, asset, payer, queued.map((q) => q.paymentId)],
+        );
+        // In arrival order, each against what is in flight besides it, the ones reserved before it included.
+        let inFlight = BigInt(row!.total);
+        const reserved: QueuedReservation[] = [];
+        const outcomes = queued.map((q): Reservation => {
+          if (inFlight > 0n && (q.balance === undefined || inFlight + q.amount > q.balance)) return { reserved: false, inFlight };
+          inFlight += q.amount;
+          reserved.push(q);
+          return { reserved: true };
+        });
+        if (reserved.length > 0) {
+          await tx.query(
+            `UPDATE settlement_payments p SET asset = $2, reserved_payer = $3, reserved = r.amount
+             FROM unnest($4::text[], $5::text[], $6::numeric[]) AS r(payment_id, owner, amount)
+             WHERE p.network = $1 AND p.payment_id = r.payment_id AND p.owner = r.owner`,
+            [network, asset, payer, reserved.map((q) => q.paymentId), reserved.map((q) => q.owner), reserved.map((q) => q.amount.toString())],
+          );
+        }
+        return outcomes;
+      });
+      queued.forEach((q, i) => q.resolve(outcomes[i]!));
+    } catch (e) {
+      for (const q of queued) q.reject(e);
+    }
+  }
   return {
     db,
 
@@ -345,22 +392,24 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
      * serialised by a transaction-scoped advisory lock, in any process. With nothing else in
      * flight for that payer the reservation needs no balance (the mechanism's own checks cover one
      * payment); otherwise it fits only within `balance`, and without a balance the caller is told
-     * to read one and come back.
+     * to read one and come back. Reservations of one payer that queue in this process meanwhile are
+     * decided together, in arrival order, in one transaction (a group commit): a payer's burst is
+     * not one round trip chain per payment.
      */
-    async reserve(paymentId: string, owner: string, asset: string, payer: string, amount: bigint, balance?: bigint): Promise<{ reserved: true } | { reserved: false; inFlight: bigint }> {
-      return inTurn(`reserve:${asset}:${payer}`, () => db.transaction(async (tx) => {
-        await tx.query(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, [`${network}|${asset}|${payer}`]);
-        const [row] = await tx.query<{ total: string }>(
-          `SELECT COALESCE(sum(reserved), 0)::text AS total FROM settlement_payments p
-           WHERE network = $1 AND asset = $2 AND reserved_payer = $3 AND payment_id <> $4 AND reserved IS NOT NULL AND state IN ('claimed', 'sent')
-             AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = p.payment_id AND o.state IN ('confirmed', 'reverted') AND ${DECISIVE})`,
-          [network, asset, payer, paymentId],
-        );
-        const inFlight = BigInt(row!.total);
-        if (inFlight > 0n && (balance === undefined || inFlight + amount > balance)) return { reserved: false, inFlight };
-        await tx.query(`UPDATE settlement_payments SET asset = $3, reserved_payer = $4, reserved = $5 WHERE network = $1 AND payment_id = $2 AND owner = $6`, [network, paymentId, asset, payer, amount.toString(), owner]);
-        return { reserved: true as const };
-      }));
+    reserve(paymentId: string, owner: string, asset: string, payer: string, amount: bigint, balance?: bigint): Promise<Reservation> {
+      return new Promise((resolve, reject) => {
+        const key = `${asset}:${payer}`;
+        let batch = reservationBatches.get(key);
+        if (!batch) {
+          const queued: QueuedReservation[] = (batch = []);
+          reservationBatches.set(key, queued);
+          inTurn(`reserve:${key}`, () => {
+            reservationBatches.delete(key); // later arrivals make the next batch
+            return reserveTogether(asset, payer, queued);
+          }).catch(() => undefined); // each reservation hears its own outcome
+        }
+        batch.push({ paymentId, owner, amount, balance, resolve, reject });
+      });
     },
 
     /**
