@@ -2,15 +2,22 @@
 // now: only then does the command run it. A source edited since, or no build, runs the sources
 // through tsx instead, so nothing ever runs stale code.
 import { createHash } from "node:crypto";
-import { readdirSync, readFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 
 /** The folders the bundle is made of (everything services/cli.ts can import). */
 const SOURCE_DIRS = ["services", "operator"];
 
-/** A digest of every TypeScript source under the project root (paths and contents). */
+/** Packages bundled into dist/ rather than imported from node_modules (scripts/build.mjs): an upgrade makes the bundle stale too. */
+const BUNDLED_PACKAGES = ["@x402/evm"];
+
+/** A digest of every TypeScript source under the project root (paths and contents), and of the bundled packages' versions. */
 export function sourcesDigest(root) {
   const hash = createHash("sha256");
+  for (const pkg of BUNDLED_PACKAGES) {
+    const manifest = join(root, "node_modules", pkg, "package.json");
+    hash.update(`\0${pkg}\0`).update(existsSync(manifest) ? readFileSync(manifest) : "absent");
+  }
   for (const dir of SOURCE_DIRS) {
     const files = readdirSync(join(root, dir), { recursive: true })
       .map(String)

@@ -46,6 +46,16 @@ describe("the bundle", () => {
     expect(builtEntry(root)).toBeUndefined();
   });
 
+  it("is stale when a package bundled into it (@x402/evm) changes version", async () => {
+    const root = await project();
+    await mkdir(join(root, "node_modules", "@x402", "evm"), { recursive: true });
+    await writeFile(join(root, "node_modules", "@x402", "evm", "package.json"), JSON.stringify({ name: "@x402/evm", version: "2.27.0" }));
+    await stamp(root, sourcesDigest(root));
+    expect(builtEntry(root)).toBe(join(root, "dist", "cli.js"));
+    await writeFile(join(root, "node_modules", "@x402", "evm", "package.json"), JSON.stringify({ name: "@x402/evm", version: "2.28.0" }));
+    expect(builtEntry(root)).toBeUndefined();
+  });
+
   it("serves from dist/: the router started by the command reports runtime bundle", async () => {
     if (!builtEntry(ROOT)) execFileSync(process.execPath, ["scripts/build.mjs"], { cwd: ROOT, stdio: "inherit" });
     expect(builtEntry(ROOT)).toBe(join(ROOT, "dist", "cli.js"));
