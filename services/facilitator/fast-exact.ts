@@ -139,16 +139,16 @@ export function createFastExactVerifier(opts: { chain: ChainClient; signer: Outb
       const data: Hex = `${TRANSFER_SELECTOR}${fields}${uintWord(sig.v || BigInt(sig.yParity))}${sig.r.slice(2)}${sig.s.slice(2)}`;
       // Simulated at the block that is provably still the head, with the gas it needs: a settlement
       // of this very call while that block is still the head reuses it instead of simulating again.
-      // Plain JSON-RPC requests: viem's call/estimateGas actions add formatting this call does not need.
+      // Plain JSON-RPC requests (chain.rpc): viem's actions and transport layers cost more CPU than the call.
       const head = signer.head();
       const pinned =
         head === undefined
           ? undefined
-          : await chain.client.request({ method: "eth_estimateGas", params: [{ from: ZERO, to: asset, data }, toHex(head)] } as never).then(
-              (gas) => signer.noteSimulated(asset, data, head, BigInt(gas as string)),
+          : await chain.rpc<string>("eth_estimateGas", [{ from: ZERO, to: asset, data }, toHex(head)]).then(
+              (gas) => signer.noteSimulated(asset, data, head, BigInt(gas)),
               () => "retry" as const, // a node without that block yet, or a revert: the plain call decides
             );
-      if (head === undefined || pinned === "retry") await chain.client.request({ method: "eth_call", params: [{ to: asset, data }, "latest"] });
+      if (head === undefined || pinned === "retry") await chain.rpc("eth_call", [{ to: asset, data }, "latest"]);
     } catch (e) {
       const diagnosis = await diagnose(asset, auth, requirements, payer);
       return { ...diagnosis, invalidMessage: (e as Error).message };
