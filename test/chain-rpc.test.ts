@@ -33,7 +33,7 @@ describe("ChainClient.rpc", () => {
     const metrics = createMetrics("facilitator");
     const chain = createChainClient({ chainId: CHAIN_ID, rpcUrls: [anvil.rpcUrl], metrics });
     expect(await chain.rpc("eth_chainId", [])).toBe(`0x${CHAIN_ID.toString(16)}`);
-    const call = { to: "0x0000000000000000000000000000000000000001", data: "0x" };
+    const call = { to: "0x0000000000000000000000000000000000000001", data: "0x" } as const;
     expect(await chain.rpc("eth_call", [call, "latest"])).toBe(await chain.client.request({ method: "eth_call", params: [call, "latest"] }));
     expect(await requests(metrics)).toMatch(/x402_rpc_requests_total\{[^}]*method="eth_chainId",result="ok"[^}]*\} 1/);
   });
