@@ -118,8 +118,9 @@ export function createFastExactVerifier(opts: { chain: ChainClient; signer: Outb
       // A mixed-case address with a wrong EIP-55 checksum: the reference's typed-data hashing refuses it.
       if (!isAddress(auth.from) || !isAddress(auth.to)) throw new Error("invalid address checksum");
       fields = `${addressWord(auth.from)}${addressWord(auth.to)}${uintWord(auth.value)}${uintWord(auth.validAfter)}${uintWord(auth.validBefore)}${auth.nonce.slice(2).toLowerCase()}`;
-      const struct = keccak256(`0x${TRANSFER_TYPEHASH}${fields}`);
-      digest = keccak256(`0x1901${domainSeparator({ name, version, chainId: chainIdOf(requirements.network), verifyingContract: asset }).slice(2)}${struct.slice(2)}`);
+      // Bytes through Buffer's native hex decoding (viem's hexToBytes is a loop in JavaScript).
+      const struct = keccak256(Buffer.from(`${TRANSFER_TYPEHASH}${fields}`, "hex"));
+      digest = keccak256(Buffer.from(`1901${domainSeparator({ name, version, chainId: chainIdOf(requirements.network), verifyingContract: asset }).slice(2)}${struct.slice(2)}`, "hex"));
     } catch {
       return { isValid: false, invalidReason: R.signature, payer };
     }

@@ -2,7 +2,7 @@
 // tarball of `secp256k1`) where it loads, viem's pure-JS implementation elsewhere. Both paths give
 // the same answer for every input (a differential test proves it); the native one is ~20× faster.
 import { createRequire } from "node:module";
-import { getAddress, hexToBytes, keccak256, recoverAddress as viemRecoverAddress, parseSignature, type Address, type Hex } from "viem";
+import { hexToBytes, keccak256, recoverAddress as viemRecoverAddress, parseSignature, type Address, type Hex } from "viem";
 
 interface NativeSecp256k1 {
   ecdsaRecover(sig: Uint8Array, recid: number, msg32: Uint8Array, compressed: boolean): Uint8Array;
@@ -24,17 +24,20 @@ export const nativeRecoveryAvailable = native !== undefined;
 
 const N = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141n;
 
-/** Recovers the address that signed a 32-byte hash; throws where viem throws. */
+/**
+ * Recovers the address that signed a 32-byte hash, in lower case; throws where viem throws. (No
+ * EIP-55 checksum: callers compare, and a checksum is one more keccak per new signer.)
+ */
 export async function recoverSigner(hash: Hex, signature: Hex): Promise<Address> {
-  if (!native) return viemRecoverAddress({ hash, signature });
+  if (!native) return lower(await viemRecoverAddress({ hash, signature }));
   // parseSignature normalises v / yParity exactly as viem's own recovery does (and throws alike).
   const { r, s, v, yParity } = parseSignature(signature);
   let recovery = yParity ?? (v === 27n || v === 0n ? 0 : v === 28n || v === 1n ? 1 : -1);
-  if (recovery !== 0 && recovery !== 1) return viemRecoverAddress({ hash, signature });
+  if (recovery !== 0 && recovery !== 1) return lower(await viemRecoverAddress({ hash, signature }));
   let sBig = BigInt(s);
   const rBig = BigInt(r);
   // Let viem decide anything outside the curve order (it throws); libsecp256k1 would reject it differently.
-  if (rBig === 0n || rBig >= N || sBig === 0n || sBig >= N) return viemRecoverAddress({ hash, signature });
+  if (rBig === 0n || rBig >= N || sBig === 0n || sBig >= N) return lower(await viemRecoverAddress({ hash, signature }));
   if (sBig > N / 2n) {
     // libsecp256k1 recovers low-s signatures only; (r, n - s) with the other parity is the same key.
     sBig = N - sBig;
@@ -47,7 +50,9 @@ export async function recoverSigner(hash: Hex, signature: Hex): Promise<Address>
   try {
     publicKey = native.ecdsaRecover(compact, recovery, hexToBytes(hash, { size: 32 }), false);
   } catch {
-    return viemRecoverAddress({ hash, signature }); // no point on the curve for this r: viem's answer (an error) stands
+    return lower(await viemRecoverAddress({ hash, signature })); // no point on the curve for this r: viem's answer (an error) stands
   }
-  return getAddress(`0x${keccak256(publicKey.subarray(1)).slice(-40)}`);
+  return `0x${keccak256(publicKey.subarray(1)).slice(-40)}`;
 }
+
+const lower = (address: Address) => address.toLowerCase() as Address;
