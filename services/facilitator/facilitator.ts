@@ -18,9 +18,9 @@ import type { CallerHeaders } from "../platform/http.ts";
 import { safeMessage, type Logger } from "../platform/logger.ts";
 import { reasonLabel, type Metrics } from "../platform/metrics.ts";
 import { withSpan } from "../platform/tracing.ts";
-import { watchRpc, type ChainClient } from "./chain.ts";
+import { isRpcUnavailable, watchRpc, type ChainClient } from "./chain.ts";
 import { servingAssetCode, withAssetCode } from "./asset-code.ts";
-import { createFastExactVerifier } from "./fast-exact.ts";
+import { createFastExactVerifier, fastExactApplies } from "./fast-exact.ts";
 import { authenticateReceivers, receiversNeedingAuthorizer, type ReceiverCredentials } from "./receiver-auth.ts";
 import { SETTLEMENT_BUSY, SETTLEMENT_PENDING, TRANSACTION_FAILED } from "./settlement/answers.ts";
 import type { SettleJob, SettlementCoordinator } from "./settlement/coordinator.ts";
@@ -217,6 +217,27 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
     }
   }
 
+  /**
+   * The fast path (fast-exact.ts) for an EIP-3009 payment, with the full path's steps that apply to
+   * it in the same order (the asset's code, then a sponsored approval's refusal) and its context
+   * passed by hand: no AsyncLocalStorage is entered, so a process that only verifies never turns on
+   * Node's hooks on every promise. Undefined where the full path decides (a contract account, any
+   * other payload: the fast path leaves them before any other step).
+   */
+  async function fastVerdict(payload: PaymentPayload, requirements: PaymentRequirements): Promise<{ failed: boolean; value?: VerifyResponse; error?: unknown } | undefined> {
+    if (requirements.scheme !== "exact" || !fastExactApplies(payload)) return undefined;
+    const watch = { failed: false };
+    try {
+      const assetCode = await opts.signer.getCode({ address: getAddress(requirements.asset) });
+      const forged = await sponsorRefusal(payload, requirements);
+      if (forged) return { failed: false, value: { isValid: false, invalidReason: forged.reason, invalidMessage: forged.message, payer: payerOf(payload) } };
+      const value = await fastExact.verify(payload, requirements, { assetCode, watch });
+      return value && { failed: watch.failed, value: scrub(value) };
+    } catch (error) {
+      return { failed: watch.failed || isRpcUnavailable(error), error };
+    }
+  }
+
   return {
     pairs: () => [...pairs],
     supported: () => supported,
@@ -231,21 +252,20 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
         let r: VerifyResponse;
         const { failed, value, error } = refusal
           ? { failed: false, value: { isValid: false, invalidReason: refusal.reason, invalidMessage: refusal.message, payer: payerOf(payload) } as VerifyResponse, error: undefined }
-          : await watchRpc(() =>
+          : ((await fastVerdict(payload, requirements)) ??
+            (await watchRpc(() =>
               withAssetCode(opts.signer, requirements, async () => {
                 const undeployed = requirements.scheme === "batch-settlement" ? undefined : await undeployedPermit2Payer(payload);
                 const forged = (undeployed && "refusal" in undeployed ? undeployed.refusal : undefined) ?? (await counterfactualRefusal(payload, requirements)) ?? (await sponsorRefusal(payload, requirements));
                 if (forged) return { isValid: false, invalidReason: forged.reason, invalidMessage: forged.message, payer: payerOf(payload) } as VerifyResponse;
                 const deployment = undeployed && !("refusal" in undeployed) ? undeployed : undefined;
-                const fast = requirements.scheme === "exact" && !deployment ? await fastExact.verify(payload, requirements) : undefined;
-                if (fast) return scrub(fast);
                 // A sponsored approval's simulation answers the mechanism with a boolean: its reason is read back here.
                 const verdict: { refusal?: SponsorRefusal } = {};
                 const r = await sponsorVerdict.run(verdict, () => verifyAs(deployment, payload, requirements));
                 if (!r.isValid && verdict.refusal) return { ...r, invalidReason: verdict.refusal.code, invalidMessage: safeMessage(verdict.refusal.message) };
                 return scrub(r);
               }),
-            );
+            )));
         if (value && (value.isValid || !failed)) r = value;
         else if (failed) r = { isValid: false, invalidReason: RPC_UNAVAILABLE }; // no verdict: answered 503 below
         else {
