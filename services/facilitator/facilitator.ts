@@ -94,11 +94,12 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
   const domainByAsset = new Map(opts.assets.filter((a) => a.eip712).map((a) => [getAddress(a.address), a.eip712!]));
   // Gas is spent only on tokens we know: an attacker's own token could burn any amount in its transfer.
   const accepted = new Set(opts.allowedAssets ?? opts.assets.map((a) => getAddress(a.address)));
-  function checkAsset(asset: string, where = "") {
+  function checkAsset(asset: string, where = ""): Address {
     const address = getAddress(asset);
     if (!accepted.has(address)) {
       throw new RequestError("unsupported_asset", `${where}${address} is not accepted on ${opts.network}; accepted assets: ${[...accepted].join(", ") || "(none)"}`);
     }
+    return address;
   }
 
   function prepare(body: unknown): { payload: PaymentPayload; requirements: PaymentRequirements } {
@@ -110,10 +111,10 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
         `${pairKey(requirements.scheme, requirements.network)} is not served here; registered pairs: ${pairs.join(", ")}`,
       );
     }
-    checkAsset(requirements.asset);
+    const asset = checkAsset(requirements.asset);
     checkSchemePayload(requirements.scheme, payload.payload);
     for (const token of tokensInside(payload.payload)) checkAsset(token, "the payload's token ");
-    const domain = domainByAsset.get(getAddress(requirements.asset));
+    const domain = domainByAsset.get(asset);
     if (domain && (requirements.extra.name === undefined || requirements.extra.version === undefined)) {
       const extra = { name: domain.name, version: domain.version, ...requirements.extra };
       return { payload: { ...payload, accepted: { ...payload.accepted, extra: { ...extra, ...payload.accepted.extra } } }, requirements: { ...requirements, extra } };
@@ -505,7 +506,8 @@ function worthlessReason(payload: PaymentPayload, requirements: PaymentRequireme
     return undefined;
   }
   const payer = payerOf(payload);
-  if (payer && /^0x[0-9a-fA-F]{40}$/.test(payer) && getAddress(payer) === getAddress(requirements.payTo)) return "the payer pays itself: nothing would move";
+  // Compared in lower case (both are 20-byte hex): a checksum would cost a keccak per new payer.
+  if (payer && /^0x[0-9a-fA-F]{40}$/.test(payer) && payer.toLowerCase() === requirements.payTo.toLowerCase()) return "the payer pays itself: nothing would move";
   if (requirements.scheme === "upto" && step === "settle") return undefined;
   if (BigInt(requirements.amount) === 0n) return "the amount is 0: a payment must move a positive amount";
   return undefined;
