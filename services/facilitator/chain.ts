@@ -1,6 +1,7 @@
 // The chain client of one facilitator: viem over one or more RPC endpoints with fallback,
 // short timeouts, a metric and a span for every RPC round trip, and a chain-id check before
-// anything is served; `rpc` calls the same endpoints without viem's layers, for the hot path. Endpoints are named by host only: provider URLs often embed API keys.
+// anything is served; `rpc` calls the same endpoints without viem's layers, for the hot path.
+// Endpoints are named by host only: provider URLs often embed API keys.
 import { AsyncLocalStorage } from "node:async_hooks";
 import { SpanKind } from "@opentelemetry/api";
 import { Pool } from "undici";
