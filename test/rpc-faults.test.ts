@@ -86,6 +86,17 @@ describe("the asset-code check under a rate-limited RPC (the crash of issue 13)"
     expect((await postJson(proxy.url, [{ jsonrpc: "2.0", id: 1, method: "eth_chainId", params: [] }, { jsonrpc: "2.0", id: 2, method: "eth_blockNumber", params: [] }])).status).toBe(503);
   });
 
+  it("EIP-3009, a valid payment (fast path): 429 to every eth_call → a 503, not a failed simulation", async () => {
+    // The fast path passes its RPC watch by hand: the simulation's and the diagnosis's failures must
+    // reach it. (After the tests that need uncached account code: this one caches the payer's.)
+    proxy.configure({ rate: 1, kinds: ["http_429"], methods: ["eth_call"] });
+    const r = await postJson(`${facilitator.url}/verify`, serviceShape(spec(), await signEip3009(spec())));
+    await proxy.idle(1000);
+    expect(proxy.injectedByMethod.eth_call?.http_429).toBeGreaterThan(0);
+    expect(unhandled).toEqual([]);
+    expect(r.status).toBe(503);
+  });
+
   it("healed: the same bad payment gets its verdict", async () => {
     const r = await postJson(`${facilitator.url}/verify`, serviceShape(spec(), await signEip3009({ ...spec(), signature: badSignature as `0x${string}` })));
     expect(r.status).toBe(200);

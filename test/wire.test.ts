@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { normalizeRequest } from "../services/x402/wire.ts";
+import { normalizeRequest, parseOrThrow, wellFormedPayload, wellFormedRequirements } from "../services/x402/wire.ts";
+import { checkSchemePayload, eip3009Payload, wellFormedEip3009 } from "../services/x402/payloads.ts";
 import { RequestError } from "../services/x402/errors.ts";
 
 const asset = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913";
@@ -87,5 +88,93 @@ describe("normalizeRequest", () => {
     } catch (e) {
       expect((e as RequestError).body().error).toBe("invalid_request: paymentRequirements.payTo: expected a 0x-prefixed 20-byte hex address");
     }
+  });
+});
+
+// normalizeRequest checks the common shapes by hand and leaves anything else to the zod schemas
+// (faster, same rules): on every mutation of every field, both ways give the same request or the
+// same error, code and words; the hand checks never accept what the schemas refuse.
+describe("normalizeRequest's hand checks", () => {
+  const standardReq = { scheme: "exact", network: "eip155:8453", asset, payTo, amount: "1000", maxTimeoutSeconds: 60, extra: { name: "USD Coin", version: "2" } };
+  const authorization = { from: payTo, to: asset, value: "1000", validAfter: "0", validBefore: "1999999999", nonce: `0x${"ab".repeat(32)}` };
+  const standard = {
+    x402Version: 2,
+    paymentPayload: { x402Version: 2, accepted: standardReq, resource: { url: "https://api.example.com/x", description: "d", mimeType: "text/plain" }, payload: { signature: `0x${"11".repeat(65)}`, authorization }, extensions: { a: 1 } },
+    paymentRequirements: standardReq,
+  };
+  const VALUES: unknown[] = [
+    undefined, null, true, 0, 1, -1, 1.5, 2, 60, 31_536_000, 31_536_001, 1e30, Number.NaN, "", "0", "00", "01", "-1", "1.5", "1e3", " 1", "x", "exact",
+    "e".repeat(64), "e".repeat(65), "eip155:8453", "eip155:0", "eip155:01", "0x", "0x1", `0x${"a".repeat(40)}`, `0x${"A".repeat(40)}`, `0x${"g".repeat(40)}`, `0X${"a".repeat(40)}`,
+    `0x${"a".repeat(39)}`, `0x${"ab".repeat(32)}`, `0x${"a".repeat(63)}`, `0x${"ab".repeat(4096)}`, `0x${"ab".repeat(4097)}`, "9".repeat(77), "9".repeat(78), String((1n << 256n) - 1n), String(1n << 256n), "9".repeat(79),
+    "a".repeat(256), "a".repeat(257), "a".repeat(4096), "a".repeat(4097), {}, [], { url: "u" }, { url: 1 }, { url: "u", other: 1 }, { url: "u", description: null }, { url: "u", mimeType: "m".repeat(257) },
+    JSON.parse('{"__proto__": {"x": 1}}'), { name: "n" },
+  ];
+  const FIELDS = ["scheme", "network", "asset", "payTo", "amount", "maxAmountRequired", "maxTimeoutSeconds", "extra", "resource", "description", "mimeType", "other"];
+  const PATHS = [
+    ...FIELDS.map((f) => ["paymentRequirements", f]),
+    ...FIELDS.map((f) => ["paymentPayload", "accepted", f]),
+    ...["scheme", "network", "accepted", "payload", "resource", "extensions", "other"].map((f) => ["paymentPayload", f]),
+    ...["url", "description", "mimeType", "other"].map((f) => ["paymentPayload", "resource", f]),
+  ];
+  const mutate = (body: unknown, path: string[], value: unknown): unknown => {
+    const copy = structuredClone(body) as Record<string, unknown>;
+    let at = copy;
+    for (const key of path.slice(0, -1)) at = at[key] as Record<string, unknown>;
+    if (typeof at !== "object" || at === null) return undefined; // that shape has no such object
+    if (value === undefined) delete at[path.at(-1)!];
+    else at[path.at(-1)!] = value;
+    return copy;
+  };
+  const outcome = (fn: () => unknown) => {
+    try {
+      return { ok: fn() };
+    } catch (e) {
+      if (e instanceof RequestError) return { error: e.body().error, status: e.status };
+      throw e;
+    }
+  };
+
+  it("takes the common shapes by hand", () => {
+    expect(wellFormedPayload(standard.paymentPayload)).toBe(true);
+    expect(wellFormedRequirements(standard.paymentRequirements)).toBe(true);
+    expect(wellFormedPayload(service.paymentPayload)).toBe(true);
+    expect(wellFormedRequirements(service.paymentRequirements)).toBe(true);
+    expect(wellFormedEip3009(standard.paymentPayload.payload)).toBe(true);
+  });
+
+  it("gives the same request or the same error as the schemas alone, for every mutation of every field", () => {
+    let refused = 0;
+    for (const base of [standard, service]) {
+      for (const path of PATHS) {
+        for (const value of VALUES) {
+          const body = mutate(base, path, value);
+          if (body === undefined) continue;
+          const byHand = outcome(() => normalizeRequest(body));
+          expect(byHand, `${path.join(".")} = ${JSON.stringify(value)?.slice(0, 40)}`).toEqual(outcome(() => normalizeRequest(body, false)));
+          if ("error" in byHand) refused++;
+        }
+      }
+    }
+    expect(refused).toBeGreaterThan(500); // the mutations really reach the schemas' refusals
+  });
+
+  it("accepts no EIP-3009 payload the schema refuses, and checkSchemePayload refuses with the schema's words", () => {
+    const payload = standard.paymentPayload.payload;
+    const paths = [["signature"], ["authorization"], ["other"], ...["from", "to", "value", "validAfter", "validBefore", "nonce", "other"].map((f) => ["authorization", f])];
+    for (const path of paths) {
+      for (const value of VALUES) {
+        const p = mutate(payload, path, value);
+        if (p === undefined) continue;
+        const schema = eip3009Payload.safeParse(p);
+        if (wellFormedEip3009(p)) expect(schema.success, `${path.join(".")} = ${JSON.stringify(value)?.slice(0, 40)}`).toBe(true);
+        const checked = outcome(() => checkSchemePayload("exact", p));
+        if (schema.success) expect(checked).toEqual({ ok: undefined });
+        else expect(checked).toEqual(outcome(() => parseOrThrow(eip3009Payload, p, "paymentPayload.payload", "invalid_payload")));
+      }
+    }
+    expect(outcome(() => checkSchemePayload("exact", { ...payload, authorization: { ...authorization, value: "-1" } }))).toEqual({
+      error: "invalid_payload: paymentPayload.payload.authorization.value: expected a non-negative decimal integer string",
+      status: 400,
+    });
   });
 });

@@ -18,9 +18,9 @@ import type { CallerHeaders } from "../platform/http.ts";
 import { safeMessage, type Logger } from "../platform/logger.ts";
 import { reasonLabel, type Metrics } from "../platform/metrics.ts";
 import { withSpan } from "../platform/tracing.ts";
-import { watchRpc, type ChainClient } from "./chain.ts";
+import { isRpcUnavailable, watchRpc, type ChainClient } from "./chain.ts";
 import { servingAssetCode, withAssetCode } from "./asset-code.ts";
-import { createFastExactVerifier } from "./fast-exact.ts";
+import { createFastExactVerifier, fastExactApplies } from "./fast-exact.ts";
 import { authenticateReceivers, receiversNeedingAuthorizer, type ReceiverCredentials } from "./receiver-auth.ts";
 import { SETTLEMENT_BUSY, SETTLEMENT_PENDING, TRANSACTION_FAILED } from "./settlement/answers.ts";
 import type { SettleJob, SettlementCoordinator } from "./settlement/coordinator.ts";
@@ -94,11 +94,12 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
   const domainByAsset = new Map(opts.assets.filter((a) => a.eip712).map((a) => [getAddress(a.address), a.eip712!]));
   // Gas is spent only on tokens we know: an attacker's own token could burn any amount in its transfer.
   const accepted = new Set(opts.allowedAssets ?? opts.assets.map((a) => getAddress(a.address)));
-  function checkAsset(asset: string, where = "") {
+  function checkAsset(asset: string, where = ""): Address {
     const address = getAddress(asset);
     if (!accepted.has(address)) {
       throw new RequestError("unsupported_asset", `${where}${address} is not accepted on ${opts.network}; accepted assets: ${[...accepted].join(", ") || "(none)"}`);
     }
+    return address;
   }
 
   function prepare(body: unknown): { payload: PaymentPayload; requirements: PaymentRequirements } {
@@ -110,10 +111,10 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
         `${pairKey(requirements.scheme, requirements.network)} is not served here; registered pairs: ${pairs.join(", ")}`,
       );
     }
-    checkAsset(requirements.asset);
+    const asset = checkAsset(requirements.asset);
     checkSchemePayload(requirements.scheme, payload.payload);
     for (const token of tokensInside(payload.payload)) checkAsset(token, "the payload's token ");
-    const domain = domainByAsset.get(getAddress(requirements.asset));
+    const domain = domainByAsset.get(asset);
     if (domain && (requirements.extra.name === undefined || requirements.extra.version === undefined)) {
       const extra = { name: domain.name, version: domain.version, ...requirements.extra };
       return { payload: { ...payload, accepted: { ...payload.accepted, extra: { ...extra, ...payload.accepted.extra } } }, requirements: { ...requirements, extra } };
@@ -217,6 +218,27 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
     }
   }
 
+  /**
+   * The fast path (fast-exact.ts) for an EIP-3009 payment, with the full path's steps that apply to
+   * it in the same order (the asset's code, then a sponsored approval's refusal) and its context
+   * passed by hand: no AsyncLocalStorage is entered, so a process that only verifies never turns on
+   * Node's hooks on every promise. Undefined where the full path decides (a contract account, any
+   * other payload: the fast path leaves them before any other step).
+   */
+  async function fastVerdict(payload: PaymentPayload, requirements: PaymentRequirements): Promise<{ failed: boolean; value?: VerifyResponse; error?: unknown } | undefined> {
+    if (requirements.scheme !== "exact" || !fastExactApplies(payload)) return undefined;
+    const watch = { failed: false };
+    try {
+      const assetCode = await opts.signer.getCode({ address: getAddress(requirements.asset) });
+      const forged = await sponsorRefusal(payload, requirements);
+      if (forged) return { failed: false, value: { isValid: false, invalidReason: forged.reason, invalidMessage: forged.message, payer: payerOf(payload) } };
+      const value = await fastExact.verify(payload, requirements, { assetCode, watch });
+      return value && { failed: watch.failed, value: scrub(value) };
+    } catch (error) {
+      return { failed: watch.failed || isRpcUnavailable(error), error };
+    }
+  }
+
   return {
     pairs: () => [...pairs],
     supported: () => supported,
@@ -231,21 +253,20 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
         let r: VerifyResponse;
         const { failed, value, error } = refusal
           ? { failed: false, value: { isValid: false, invalidReason: refusal.reason, invalidMessage: refusal.message, payer: payerOf(payload) } as VerifyResponse, error: undefined }
-          : await watchRpc(() =>
+          : ((await fastVerdict(payload, requirements)) ??
+            (await watchRpc(() =>
               withAssetCode(opts.signer, requirements, async () => {
                 const undeployed = requirements.scheme === "batch-settlement" ? undefined : await undeployedPermit2Payer(payload);
                 const forged = (undeployed && "refusal" in undeployed ? undeployed.refusal : undefined) ?? (await counterfactualRefusal(payload, requirements)) ?? (await sponsorRefusal(payload, requirements));
                 if (forged) return { isValid: false, invalidReason: forged.reason, invalidMessage: forged.message, payer: payerOf(payload) } as VerifyResponse;
                 const deployment = undeployed && !("refusal" in undeployed) ? undeployed : undefined;
-                const fast = requirements.scheme === "exact" && !deployment ? await fastExact.verify(payload, requirements) : undefined;
-                if (fast) return scrub(fast);
                 // A sponsored approval's simulation answers the mechanism with a boolean: its reason is read back here.
                 const verdict: { refusal?: SponsorRefusal } = {};
                 const r = await sponsorVerdict.run(verdict, () => verifyAs(deployment, payload, requirements));
                 if (!r.isValid && verdict.refusal) return { ...r, invalidReason: verdict.refusal.code, invalidMessage: safeMessage(verdict.refusal.message) };
                 return scrub(r);
               }),
-            );
+            )));
         if (value && (value.isValid || !failed)) r = value;
         else if (failed) r = { isValid: false, invalidReason: RPC_UNAVAILABLE }; // no verdict: answered 503 below
         else {
@@ -485,7 +506,8 @@ function worthlessReason(payload: PaymentPayload, requirements: PaymentRequireme
     return undefined;
   }
   const payer = payerOf(payload);
-  if (payer && /^0x[0-9a-fA-F]{40}$/.test(payer) && getAddress(payer) === getAddress(requirements.payTo)) return "the payer pays itself: nothing would move";
+  // Compared in lower case (both are 20-byte hex): a checksum would cost a keccak per new payer.
+  if (payer && /^0x[0-9a-fA-F]{40}$/.test(payer) && payer.toLowerCase() === requirements.payTo.toLowerCase()) return "the payer pays itself: nothing would move";
   if (requirements.scheme === "upto" && step === "settle") return undefined;
   if (BigInt(requirements.amount) === 0n) return "the amount is 0: a payment must move a positive amount";
   return undefined;

@@ -8,9 +8,9 @@
 // (outbox-signer.ts takeSimulation).
 import { startAssetContractCheck, eip3009ABI } from "@x402/evm";
 import type { PaymentPayload, PaymentRequirements, VerifyResponse } from "@x402/core/types";
-import { getAddress, getTypesForEIP712Domain, hashDomain, isAddress, keccak256, parseSignature, toFunctionSelector, toHex, type Address, type Hex } from "viem";
+import { getAddress, getTypesForEIP712Domain, hashDomain, isAddress, isErc6492Signature, keccak256, parseSignature, toFunctionSelector, toHex, type Address, type Hex } from "viem";
 import { MULTICALL3_ADDRESS, chainIdOf } from "../x402/networks.ts";
-import type { ChainClient } from "./chain.ts";
+import { noteRpcFailure, type ChainClient, type RpcWatch } from "./chain.ts";
 import { recoverSigner } from "./crypto/secp256k1.ts";
 import type { OutboxSigner } from "./settlement/outbox-signer.ts";
 
@@ -68,7 +68,7 @@ export function createFastExactVerifier(opts: { chain: ChainClient; signer: Outb
     return separator;
   }
 
-  async function diagnose(asset: Address, auth: Eip3009Authorization, requirements: PaymentRequirements, payer: Address): Promise<VerifyResponse> {
+  async function diagnose(asset: Address, auth: Eip3009Authorization, requirements: PaymentRequirements, payer: Address, watch: RpcWatch): Promise<VerifyResponse> {
     try {
       const [balance, name, version, used] = await chain.client.multicall({
         multicallAddress: MULTICALL3_ADDRESS,
@@ -80,33 +80,37 @@ export function createFastExactVerifier(opts: { chain: ChainClient; signer: Outb
           { address: asset, abi: eip3009ABI, functionName: "authorizationState", args: [auth.from, auth.nonce] },
         ],
       });
+      // A read the provider did not answer is a failure of the RPC, not of the payment (a multicall's own failure comes back per call).
+      for (const read of [balance, name, version, used]) if (read.status === "failure") noteRpcFailure(read.error, watch);
       if (used.status === "failure") return { isValid: false, invalidReason: R.notSupported, payer };
       if (used.result === true) return { isValid: false, invalidReason: R.nonceUsed, payer };
       if (name.status === "success" && requirements.extra?.name && name.result !== requirements.extra.name) return { isValid: false, invalidReason: R.nameMismatch, payer };
       if (version.status === "success" && requirements.extra?.version && version.result !== requirements.extra.version) return { isValid: false, invalidReason: R.versionMismatch, payer };
       if (balance.status === "success" && (balance.result as bigint) < BigInt(requirements.amount)) return { isValid: false, invalidReason: R.balance, payer };
-    } catch {
-      // diagnosis is best effort, as in the reference
+    } catch (e) {
+      noteRpcFailure(e, watch); // diagnosis is best effort, as in the reference
     }
     return { isValid: false, invalidReason: R.simulation, payer };
   }
 
-  /** The verdict, or undefined when the reference mechanism must decide. */
-  async function verify(payload: PaymentPayload, requirements: PaymentRequirements): Promise<VerifyResponse | undefined> {
-    const inner = payload.payload as { signature?: Hex; authorization?: Eip3009Authorization };
-    const auth = inner.authorization;
-    const signature = inner.signature;
-    if (!auth || !signature || "permit2Authorization" in payload.payload) return undefined;
-    if (!/^0x[0-9a-fA-F]{130}$/.test(signature)) return undefined; // ERC-1271 / ERC-6492 shapes
+  /**
+   * The verdict, or undefined when the reference mechanism must decide. The caller passes what it
+   * would otherwise hold in AsyncLocalStorage: the asset's code (read first, as withAssetCode does:
+   * the reference's asset check is answered from it) and the request's RPC watch.
+   */
+  async function verify(payload: PaymentPayload, requirements: PaymentRequirements, context: { assetCode: Hex | undefined; watch: RpcWatch }): Promise<VerifyResponse | undefined> {
+    if (!fastExactApplies(payload)) return undefined;
+    const { watch } = context;
+    const { authorization: auth, signature } = payload.payload as { signature: Hex; authorization: Eip3009Authorization };
     const payer = auth.from;
     if (payload.accepted.scheme !== "exact" || requirements.scheme !== "exact") return { isValid: false, invalidReason: R.scheme, payer };
     const { name, version } = requirements.extra as { name?: string; version?: string };
     if (!name || !version) return { isValid: false, invalidReason: R.missingDomain, payer };
     if (payload.accepted.network !== requirements.network) return { isValid: false, invalidReason: R.network, payer };
     const asset = getAddress(requirements.asset);
-    const assetCheck = startAssetContractCheck(signer, requirements.network, requirements.asset);
-    // Overlapped with the checks below, most of which return early: a handler now, so an RPC
-    // failure never becomes an unhandled rejection; the verdict reads it through await().
+    const assetCheck = startAssetContractCheck({ getCode: async () => context.assetCode } as unknown as OutboxSigner, requirements.network, requirements.asset);
+    // Overlapped with the checks below, most of which return early: a handler now, so a failure
+    // never becomes an unhandled rejection; the verdict reads it through await().
     assetCheck.results.catch(() => undefined);
     // Unknown account code is not "no code": a contract wallet would read as a bad signature. The
     // error goes to the caller (as in the reference), which answers that the RPC is unavailable.
@@ -118,8 +122,9 @@ export function createFastExactVerifier(opts: { chain: ChainClient; signer: Outb
       // A mixed-case address with a wrong EIP-55 checksum: the reference's typed-data hashing refuses it.
       if (!isAddress(auth.from) || !isAddress(auth.to)) throw new Error("invalid address checksum");
       fields = `${addressWord(auth.from)}${addressWord(auth.to)}${uintWord(auth.value)}${uintWord(auth.validAfter)}${uintWord(auth.validBefore)}${auth.nonce.slice(2).toLowerCase()}`;
-      const struct = keccak256(`0x${TRANSFER_TYPEHASH}${fields}`);
-      digest = keccak256(`0x1901${domainSeparator({ name, version, chainId: chainIdOf(requirements.network), verifyingContract: asset }).slice(2)}${struct.slice(2)}`);
+      // Bytes through Buffer's native hex decoding (viem's hexToBytes is a loop in JavaScript).
+      const struct = keccak256(Buffer.from(`${TRANSFER_TYPEHASH}${fields}`, "hex"));
+      digest = keccak256(Buffer.from(`1901${domainSeparator({ name, version, chainId: chainIdOf(requirements.network), verifyingContract: asset }).slice(2)}${struct.slice(2)}`, "hex"));
     } catch {
       return { isValid: false, invalidReason: R.signature, payer };
     }
@@ -139,22 +144,33 @@ export function createFastExactVerifier(opts: { chain: ChainClient; signer: Outb
       const data: Hex = `${TRANSFER_SELECTOR}${fields}${uintWord(sig.v || BigInt(sig.yParity))}${sig.r.slice(2)}${sig.s.slice(2)}`;
       // Simulated at the block that is provably still the head, with the gas it needs: a settlement
       // of this very call while that block is still the head reuses it instead of simulating again.
-      // Plain JSON-RPC requests: viem's call/estimateGas actions add formatting this call does not need.
+      // Plain JSON-RPC requests (chain.rpc): viem's actions and transport layers cost more CPU than the call.
       const head = signer.head();
       const pinned =
         head === undefined
           ? undefined
-          : await chain.client.request({ method: "eth_estimateGas", params: [{ from: ZERO, to: asset, data }, toHex(head)] } as never).then(
-              (gas) => signer.noteSimulated(asset, data, head, BigInt(gas as string)),
+          : await chain.rpc<string>("eth_estimateGas", [{ from: ZERO, to: asset, data }, toHex(head)], watch).then(
+              (gas) => signer.noteSimulated(asset, data, head, BigInt(gas)),
               () => "retry" as const, // a node without that block yet, or a revert: the plain call decides
             );
-      if (head === undefined || pinned === "retry") await chain.client.request({ method: "eth_call", params: [{ to: asset, data }, "latest"] });
+      if (head === undefined || pinned === "retry") await chain.rpc("eth_call", [{ to: asset, data }, "latest"], watch);
     } catch (e) {
-      const diagnosis = await diagnose(asset, auth, requirements, payer);
+      const diagnosis = await diagnose(asset, auth, requirements, payer, watch);
       return { ...diagnosis, invalidMessage: (e as Error).message };
     }
     return { isValid: true, invalidReason: undefined, payer };
   }
 
   return { verify };
+}
+
+/**
+ * Whether the fast path judges a payload: EIP-3009 with a plain 65-byte signature. Contract
+ * wallets' shapes (ERC-1271, ERC-6492, checked before any deployment by the facilitator) and
+ * Permit2 go to the reference mechanism.
+ */
+export function fastExactApplies(payload: PaymentPayload): boolean {
+  const inner = payload.payload as { signature?: unknown; authorization?: unknown };
+  const signature = inner.signature;
+  return !!inner.authorization && !("permit2Authorization" in inner) && typeof signature === "string" && /^0x[0-9a-fA-F]{130}$/.test(signature) && !isErc6492Signature(signature as Hex);
 }

@@ -26,17 +26,20 @@ export const nativeRecoveryAvailable = native !== undefined;
 
 const N = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141n;
 
-/** Recovers the address that signed a 32-byte hash; throws where viem throws. */
+/**
+ * Recovers the address that signed a 32-byte hash, in lower case; throws where viem throws. (No
+ * EIP-55 checksum: callers compare, and a checksum is one more keccak per new signer.)
+ */
 export async function recoverSigner(hash: Hex, signature: Hex): Promise<Address> {
-  if (!native) return viemRecoverAddress({ hash, signature });
+  if (!native) return lower(await viemRecoverAddress({ hash, signature }));
   // parseSignature normalises v / yParity exactly as viem's own recovery does (and throws alike).
   const { r, s, v, yParity } = parseSignature(signature);
   let recovery = yParity ?? (v === 27n || v === 0n ? 0 : v === 28n || v === 1n ? 1 : -1);
-  if (recovery !== 0 && recovery !== 1) return viemRecoverAddress({ hash, signature });
+  if (recovery !== 0 && recovery !== 1) return lower(await viemRecoverAddress({ hash, signature }));
   let sBig = BigInt(s);
   const rBig = BigInt(r);
   // Let viem decide anything outside the curve order (it throws); libsecp256k1 would reject it differently.
-  if (rBig === 0n || rBig >= N || sBig === 0n || sBig >= N) return viemRecoverAddress({ hash, signature });
+  if (rBig === 0n || rBig >= N || sBig === 0n || sBig >= N) return lower(await viemRecoverAddress({ hash, signature }));
   if (sBig > N / 2n) {
     // libsecp256k1 recovers low-s signatures only; (r, n - s) with the other parity is the same key.
     sBig = N - sBig;
@@ -49,14 +52,16 @@ export async function recoverSigner(hash: Hex, signature: Hex): Promise<Address>
   try {
     publicKey = native.ecdsaRecover(compact, recovery, hexToBytes(hash, { size: 32 }), false);
   } catch {
-    return viemRecoverAddress({ hash, signature }); // no point on the curve for this r: viem's answer (an error) stands
+    return lower(await viemRecoverAddress({ hash, signature })); // no point on the curve for this r: viem's answer (an error) stands
   }
-  return getAddress(`0x${keccak256(publicKey.subarray(1)).slice(-40)}`);
+  return `0x${keccak256(publicKey.subarray(1)).slice(-40)}`;
 }
 
-/** viem's `recoverAddress`, with its parameters and answers: native for hex input, viem's own otherwise. */
-export function recoverAddress(args: Parameters<typeof viemRecoverAddress>[0]): Promise<Address> {
-  return typeof args.hash === "string" && typeof args.signature === "string" ? recoverSigner(args.hash, args.signature) : viemRecoverAddress(args);
+const lower = (address: Address) => address.toLowerCase() as Address;
+
+/** viem's `recoverAddress`, with its parameters and answers (checksummed): native for hex input, viem's own otherwise. */
+export async function recoverAddress(args: Parameters<typeof viemRecoverAddress>[0]): Promise<Address> {
+  return typeof args.hash === "string" && typeof args.signature === "string" ? getAddress(await recoverSigner(args.hash, args.signature)) : viemRecoverAddress(args);
 }
 
 /** viem's `recoverTypedDataAddress` (the typed data's hash, then `recoverAddress`). */
