@@ -37,11 +37,14 @@ function variants(sig: Hex): Hex[] {
     `0x${hex32(N + 1n)}${sig.slice(66, 132)}`, // r >= n
     sig.slice(0, 130) as Hex, // 64 bytes (compact, no v)
     `${sig}00` as Hex, // 66 bytes
+    `0x${sig.slice(2, 130)}00${sig.slice(130)}` as Hex, // r ‖ s ‖ 00 ‖ v: 66 bytes whose last byte is a valid v
+    `0x${sig.slice(2, 130)}0000${sig.slice(130)}` as Hex, // 67 bytes, the same
+    `0X${sig.slice(2)}` as Hex, // upper-case prefix
     toHex(randomBytes(65)),
   ];
 }
 
-describe("ecrecover", () => {
+describe("secp256k1", () => {
   it("loads the native binding on this platform", () => {
     expect(nativeRecoveryAvailable).toBe(true);
   });

@@ -25,13 +25,17 @@ const native = loadNative();
 export const nativeRecoveryAvailable = native !== undefined;
 
 const N = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141n;
+const SIGNATURE_65 = /^0x[0-9a-fA-F]{130}$/;
+const HASH_32 = /^0x[0-9a-fA-F]{64}$/;
 
 /**
  * Recovers the address that signed a 32-byte hash, in lower case; throws where viem throws. (No
  * EIP-55 checksum: callers compare, and a checksum is one more keccak per new signer.)
  */
 export async function recoverSigner(hash: Hex, signature: Hex): Promise<Address> {
-  if (!native) return lower(await viemRecoverAddress({ hash, signature }));
+  // Only r ‖ s ‖ v in 65 bytes goes native: parseSignature would read a longer or oddly prefixed one
+  // that viem's recovery refuses (and a contract's ecrecover would never see).
+  if (!native || !SIGNATURE_65.test(signature) || !HASH_32.test(hash)) return lower(await viemRecoverAddress({ hash, signature }));
   // parseSignature normalises v / yParity exactly as viem's own recovery does (and throws alike).
   const { r, s, v, yParity } = parseSignature(signature);
   let recovery = yParity ?? (v === 27n || v === 0n ? 0 : v === 28n || v === 1n ? 1 : -1);
@@ -79,6 +83,8 @@ export function settlementAccount(privateKey: Hex): PrivateKeyAccount {
   if (!native) return account;
   const secret = hexToBytes(privateKey);
   const signTransaction: PrivateKeyAccount["signTransaction"] = async (transaction, options) => {
+    // EIP-1559 only (all the outbox signs): legacy v and blob sidecars are viem's business.
+    if (transaction.type !== "eip1559") return account.signTransaction(transaction, options);
     const serializer = options?.serializer ?? serializeTransaction;
     const { signature, recid } = native.ecdsaSign(hexToBytes(keccak256(await serializer(transaction))), secret);
     return (await serializer(transaction, { r: bytesToHex(signature.subarray(0, 32)), s: bytesToHex(signature.subarray(32)), yParity: recid })) as never;
