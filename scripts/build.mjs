@@ -4,7 +4,7 @@
 // router 113 → 97 MB). bin/x402-fleet.js runs the bundle only while it matches the sources
 // (bin/built.mjs); the image, `npm start`, `npm test` and `npm run bench` build it first.
 import { build } from "esbuild";
-import { renameSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join, sep } from "node:path";
 import { fileURLToPath } from "node:url";
 import { sourcesDigest } from "../bin/built.mjs";
@@ -15,6 +15,8 @@ const root = fileURLToPath(new URL("..", import.meta.url));
 // be the shim that recovers signatures natively (services/facilitator/crypto/viem-for-mechanisms.ts).
 const MECHANISMS = `${sep}node_modules${sep}@x402${sep}evm${sep}`;
 const VIEM_FOR_MECHANISMS = join(root, "services/facilitator/crypto/viem-for-mechanisms.ts");
+// Its own imports resolve from the root node_modules once bundled: a nested copy it depends on would be swapped silently.
+if (existsSync(join(root, "node_modules/@x402/evm/node_modules"))) throw new Error("node_modules/@x402/evm has nested dependencies; the bundle would not use them (scripts/build.mjs)");
 const packagesExceptMechanisms = {
   name: "packages-except-mechanisms",
   setup(b) {
