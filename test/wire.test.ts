@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { normalizeRequest, parseOrThrow, wellFormedPayload, wellFormedRequirements } from "../services/x402/wire.ts";
+import { normalizeRequest, parseOrThrow, routeOf, wellFormedPayload, wellFormedRequirements } from "../services/x402/wire.ts";
 import { checkSchemePayload, eip3009Payload, wellFormedEip3009 } from "../services/x402/payloads.ts";
 import { RequestError } from "../services/x402/errors.ts";
 
@@ -176,5 +176,38 @@ describe("normalizeRequest's hand checks", () => {
       error: "invalid_payload: paymentPayload.payload.authorization.value: expected a non-negative decimal integer string",
       status: 400,
     });
+  });
+});
+
+describe("routeOf", () => {
+  /** The pair routeOf returns, or the error it throws (code and detail). */
+  function outcome(body: unknown, byHand: boolean): string {
+    try {
+      return JSON.stringify(routeOf(body, byHand));
+    } catch (e) {
+      if (e instanceof RequestError) return e.body().error;
+      throw e;
+    }
+  }
+
+  // Every value JSON can give these fields, edge lengths and near-misses of the CAIP-2 pattern.
+  const values: unknown[] = [
+    undefined, null, true, 0, 8453, "", "x", "exact", "a".repeat(64), "a".repeat(65), "é".repeat(64), "😀".repeat(32), "😀".repeat(33),
+    "eip155:8453", "eip155:1", "eip155:0", "eip155:08453", "eip155:", "eip155:1234567890123456789", "eip155:12345678901234567890",
+    "eip155:8453\n", " eip155:8453", "EIP155:8453", "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp", "eip155:8453x", [], ["eip155:8453"], {}, { network: "eip155:8453" },
+  ];
+
+  it("takes and refuses exactly what its schema does, with the schema's error", () => {
+    for (const scheme of values) {
+      for (const network of values) {
+        const body = { ...service, paymentRequirements: { ...serviceReq, scheme, network } };
+        expect(outcome(body, true), JSON.stringify({ scheme, network })).toBe(outcome(body, false));
+      }
+    }
+  });
+
+  it("checks the envelope first", () => {
+    expect(outcome({ paymentRequirements: serviceReq }, true)).toMatch(/^invalid_request: paymentPayload/);
+    expect(outcome({ ...service, paymentPayload: { ...service.paymentPayload, x402Version: 1 } }, true)).toMatch(/^unsupported_version: /);
   });
 });

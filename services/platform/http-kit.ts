@@ -3,6 +3,7 @@
 // it, request metrics, a server span per request, body parsing, and 405 answers derived from the
 // routes the service registers. A service's own file keeps only its routes.
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest, type FastifyServerOptions } from "fastify";
+import type { Bindings, ChildLoggerOptions, LogFn } from "pino";
 import { COMMON_STATUS, CodedError } from "./errors.ts";
 import { safeMessage, type Logger } from "./logger.ts";
 import type { Metrics } from "./metrics.ts";
@@ -53,6 +54,24 @@ export function isDatabaseError(e: { code?: unknown; severity?: unknown; message
   return typeof e.message === "string" && /^(Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error)/.test(e.message);
 }
 
+const LEVELS = ["fatal", "error", "warn", "info", "debug", "trace"] as const;
+
+/**
+ * request.log: a pino child made when the request first logs at an enabled level, not for every
+ * request (its reqId binding goes through every redaction path: microseconds of each request).
+ */
+function lazyRequestLogger(logger: FastifyBaseLogger, bindings: Bindings, opts: ChildLoggerOptions): FastifyBaseLogger {
+  const parent = logger as Logger;
+  let child: Logger | undefined;
+  const log = () => (child ??= parent.child(bindings, opts));
+  const lazy = Object.create(parent) as Logger;
+  for (const level of LEVELS) {
+    if (parent.isLevelEnabled(level)) lazy[level] = ((...args: Parameters<LogFn>) => log()[level](...args)) as LogFn;
+  }
+  lazy.child = (b, o) => log().child(b, o);
+  return lazy;
+}
+
 function sendError(reply: FastifyReply, err: CodedError) {
   return reply.code(err.status).headers(err.headers).type("application/json").send(err.body());
 }
@@ -74,7 +93,7 @@ function toCodedError(error: unknown, mediaTypes: string): CodedError | undefine
 export function createServiceApp(opts: ServiceAppOptions, routes: (app: FastifyInstance) => void | Promise<void>): FastifyInstance {
   const { service, bodyLimit } = opts;
   const timeouts = resolveServerTimeouts(opts.timeouts, { longestHandlerMs: opts.longestHandlerMs });
-  const app = Fastify({ loggerInstance: opts.logger as FastifyBaseLogger, bodyLimit, return503OnClosing: true, ...opts.fastify, ...serverTimeoutOptions(timeouts) });
+  const app = Fastify({ loggerInstance: opts.logger as FastifyBaseLogger, childLoggerFactory: lazyRequestLogger, bodyLimit, return503OnClosing: true, ...opts.fastify, ...serverTimeoutOptions(timeouts) });
 
   // One parser for any content type: callers differ in what they send, the body is one format either way.
   const parse = opts.parseBody ?? ((text: string) => JSON.parse(text) as unknown);
@@ -108,10 +127,12 @@ export function createServiceApp(opts: ServiceAppOptions, routes: (app: FastifyI
   // Route labels are the registered patterns (bounded), never the raw URL.
   const metrics = opts.metrics;
   if (metrics) {
-    app.addHook("onResponse", async (request, reply) => {
+    // A callback hook, not async: no promise per request.
+    app.addHook("onResponse", (request, reply, done) => {
       const route = request.routeOptions.url ?? "unmatched";
       metrics.httpRequests.inc({ service, route, status: String(reply.statusCode) });
       metrics.httpDuration.observe({ service, route }, reply.elapsedTime / 1000);
+      done();
     });
   }
 

@@ -100,7 +100,8 @@ const RESPONSE_SCHEMAS = {
 export function createContractApp(opts: ContractAppOptions): FastifyInstance {
   const discovery = opts.handlers.discovery;
   const endpoints = `endpoints are POST /v2/verify, POST /v2/settle, GET /v2/supported${discovery ? ", GET /v2/discovery/resources, GET /v2/discovery/search" : ""}`;
-  const reply = (r: FastifyReply, result: HandlerResult) => r.code(result.status).headers(result.headers ?? {}).type("application/json").send(result.body);
+  // The charset fastify would add to a JSON string body, given here so it is not worked out per reply.
+  const reply = (r: FastifyReply, result: HandlerResult) => r.code(result.status).headers(result.headers ?? {}).type("application/json; charset=utf-8").send(result.body);
   return createServiceApp({ ...opts, bodyLimit: opts.bodyLimit ?? DEFAULT_BODY_LIMIT, endpoints }, (app) => {
     for (const action of ["verify", "settle"] as const) {
       app.post(`/v2/${action}`, { schema: { response: { 200: RESPONSE_SCHEMAS[action] } } }, async (request, r) =>

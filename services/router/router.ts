@@ -1,5 +1,6 @@
 // The public /v2 edge: validates and normalises requests once, routes on (scheme, network) to the
 // chain's facilitator service over keep-alive pools, and aggregates /supported from the table.
+import type { IncomingHttpHeaders } from "node:http";
 import { Pool } from "undici";
 import type { SupportedResponse } from "@x402/core/types";
 import { RequestError } from "../x402/errors.ts";
@@ -35,6 +36,50 @@ interface Route {
   backend: Backend;
   pool: Pool;
   basePath: string;
+  paths: { verify: string; settle: string };
+}
+
+interface Answer {
+  statusCode: number;
+  headers: IncomingHttpHeaders;
+  /** Whether the answer is JSON; only then is its body kept (as `text`). */
+  json: boolean;
+  text: string;
+}
+
+/**
+ * POSTs to a facilitator and reads its whole answer through undici's dispatch API: `pool.request`
+ * makes a stream and a chain of promises for every answer (4 KB of garbage per request).
+ * A non-JSON answer is read and dropped, even one that breaks off (as `body.dump()` did).
+ */
+function post(pool: Pool, path: string, headers: Record<string, string>, body: string, timeout: number): Promise<Answer> {
+  return new Promise((resolve, reject) => {
+    let answer: Answer | undefined;
+    const chunks: Buffer[] = [];
+    pool.dispatch(
+      { method: "POST", path, headers, body, headersTimeout: timeout, bodyTimeout: timeout },
+      {
+        // Its presence tells undici this handler speaks the current interface.
+        onRequestStart() {},
+        onResponseStart(_controller, statusCode, headers) {
+          answer = { statusCode, headers, json: String(headers["content-type"] ?? "").includes("application/json"), text: "" };
+        },
+        onResponseData(_controller, chunk) {
+          if (answer!.json) chunks.push(chunk);
+        },
+        onResponseEnd() {
+          // As undici's body.text(): UTF-8, without a leading byte order mark.
+          const text = Buffer.concat(chunks).toString("utf8");
+          answer!.text = text.charCodeAt(0) === 0xfeff ? text.slice(1) : text;
+          resolve(answer!);
+        },
+        onResponseError(_controller, error) {
+          if (answer && !answer.json) resolve(answer);
+          else reject(error);
+        },
+      },
+    );
+  });
 }
 
 export function createRouter(opts: RouterOptions): Router {
@@ -51,7 +96,8 @@ export function createRouter(opts: RouterOptions): Router {
       const url = new URL(backend.url);
       const pool = pools.get(url.origin) ?? nextPools.get(url.origin) ?? new Pool(url.origin, { connections: 128, keepAliveTimeout: 30_000 });
       nextPools.set(url.origin, pool);
-      const route = { backend, pool, basePath: url.pathname.replace(/\/$/, "") };
+      const basePath = url.pathname.replace(/\/$/, "");
+      const route = { backend, pool, basePath, paths: { verify: `${basePath}/verify`, settle: `${basePath}/settle` } };
       for (const k of backend.kinds) nextRoutes.set(pairKey(k.scheme, k.network), route);
     }
     for (const [origin, pool] of pools) if (!nextPools.has(origin)) void pool.close();
@@ -72,7 +118,7 @@ export function createRouter(opts: RouterOptions): Router {
     // Only what routing needs is checked here; the chain's facilitator validates and normalises the
     // rest (it is callable on its own, so it must), and its 400s come back unchanged.
     // Our API key may arrive as Authorization: Bearer x402k_…; it is ours, never forwarded.
-    const bearer = /^Bearer\s+(\S+)$/i.exec(caller.authorization ?? "")?.[1];
+    const bearer = caller.authorization ? /^Bearer\s+(\S+)$/i.exec(caller.authorization)?.[1] : undefined;
     const ownKey = bearer?.startsWith(API_KEY_PREFIX) ? bearer : undefined;
     const forwardedAuthorization = ownKey ? undefined : caller.authorization;
     // With keys: who calls and their request rate before anything else (a bad body counts too)…
@@ -92,40 +138,26 @@ export function createRouter(opts: RouterOptions): Router {
     try {
       const timeout = action === "verify" ? (opts.verifyTimeoutMs ?? 30_000) : (opts.settleTimeoutMs ?? 60_000);
       const sentAt = performance.now();
-      let res;
+      // One object, no spreads: this runs for every request.
+      const headers = traceHeaders();
+      headers["content-type"] = "application/json";
+      // The caller's credentials go to the facilitator as sent (receiver authentication for batch-settlement).
+      if (forwardedAuthorization) headers.authorization = forwardedAuthorization;
+      if (gas) headers[FLEET_HEADERS.gasAllowance] = gas.day ? gas.wei.toString() : "unlimited";
+      let res: Answer;
       try {
-        res = await route.pool.request({
-          method: "POST",
-          path: `${route.basePath}/${action}`,
-          // The caller's credentials go to the facilitator as sent (receiver authentication for batch-settlement).
-          headers: {
-            "content-type": "application/json",
-            ...traceHeaders(),
-            ...(forwardedAuthorization ? { authorization: forwardedAuthorization } : {}),
-            ...(gas ? { [FLEET_HEADERS.gasAllowance]: gas.day ? gas.wei.toString() : "unlimited" } : {}),
-          },
-          // As received (the facilitator validates it all): no second serialisation on the hot path.
-          body: rawBodyOf(body) ?? JSON.stringify(body),
-          headersTimeout: timeout,
-          bodyTimeout: timeout,
-        });
+        // The body as received (the facilitator validates it all): no second serialisation on the hot path.
+        res = await post(route.pool, route.paths[action], headers, rawBodyOf(body) ?? JSON.stringify(body), timeout);
       } catch (e) {
+        // No answer, or one that broke off (the facilitator died or stalled mid-body): never a 500.
         throw unreachable(e, network, timeout);
       }
-      const type = String(res.headers["content-type"] ?? "");
-      if (!type.includes("application/json")) {
-        await res.body.dump();
+      if (!res.json) {
         opts.logger.warn({ network, status: res.statusCode }, "facilitator backend answered non-JSON");
         throw new RequestError("backend_unavailable", `the facilitator for ${network} answered HTTP ${res.statusCode} without a JSON body`);
       }
       // Our facilitator's JSON goes back byte for byte: no parse and re-serialise on the hot path.
-      let text: string;
-      try {
-        text = await res.body.text();
-      } catch (e) {
-        // The answer broke off (the facilitator died or stalled mid-body): the same as no answer, never a 500.
-        throw unreachable(e, network, timeout);
-      }
+      const text = res.text;
       if (gas) {
         // Refused before settling (4xx/5xx): nothing sent. Otherwise the facilitator says what was
         // spent, and says nothing while a transaction is unmined: then the reservation is charged whole.
@@ -137,7 +169,7 @@ export function createRouter(opts: RouterOptions): Router {
       const upstream = `upstream;dur=${(performance.now() - sentAt).toFixed(2)}`;
       if (key && res.statusCode === 200) await recordUsage(key, action, network, body, text, spent);
       const extra = opts.discovery && res.statusCode === 200 && declaresBazaar(body) && paid(action, text) ? await opts.discovery.afterPayment(body) : undefined;
-      return { status: res.statusCode, body: text, headers: { ...extra, "server-timing": upstream } };
+      return { status: res.statusCode, body: text, headers: extra ? { ...extra, "server-timing": upstream } : { "server-timing": upstream } };
     } finally {
       if (gas) await finishGas(gas, spent, key!);
     }
