@@ -331,11 +331,14 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
         await tx.query(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, [`${network}|${asset}|${payer}`]);
         const [row] = await tx.query<{ total: string }>(
           `SELECT COALESCE(sum(reserved), 0)::text AS total FROM settlement_payments p
-           WHERE network = $1 AND asset = $2 AND reserved_payer = $3 AND payment_id <> ALL($4::text[]) AND reserved IS NOT NULL AND state IN ('claimed', 'sent')
+           WHERE network = $1 AND asset = $2 AND reserved_payer = $3 AND reserved IS NOT NULL AND state IN ('claimed', 'sent')
+             AND NOT EXISTS (SELECT 1 FROM unnest($4::text[], $5::text[]) AS b(payment_id, owner) WHERE b.payment_id = p.payment_id AND b.owner = p.owner)
              AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = p.payment_id AND o.state IN ('confirmed', 'reverted') AND ${DECISIVE})`,
-          [network, asset, payer, queued.map((q) => q.paymentId)],
+          [network, asset, payer, queued.map((q) => q.paymentId), queued.map((q) => q.owner)],
         );
         // In arrival order, each against what is in flight besides it, the ones reserved before it included.
+        // (A batch member's row is left out of the sum only while it still holds its claim: a row another
+        // request took over counts like any other.)
         let inFlight = BigInt(row!.total);
         const reserved: QueuedReservation[] = [];
         const outcomes = queued.map((q): Reservation => {
