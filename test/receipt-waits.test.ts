@@ -5,7 +5,7 @@ import { afterEach, describe, expect, it } from "vitest";
 import { ENGINES, startRig, type Rig } from "./helpers/settlement-rig.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { postJson } from "./helpers/payments.ts";
-import { eventually, metricSum } from "./helpers/onchain.ts";
+import { eventually, metricSum, rpc } from "./helpers/onchain.ts";
 
 let rig: Rig | undefined;
 afterEach(async () => {
@@ -75,5 +75,22 @@ describe.each(ENGINES)("shared receipt waits (%s store)", (engine) => {
     expect(calls).toBeGreaterThanOrEqual(bodies.length);
     expect(calls).toBeLessThanOrEqual(bodies.length * 2 + 4);
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(55n);
+  });
+
+  it("a transaction left to its receipt wait that the node lost is sent again while the wait still runs", async () => {
+    rig = await startRig({ engine });
+    const f = await rig.facilitator({ receiptTimeoutMs: 30_000 });
+    await rig.test.setAutomine(false);
+    const answer = postJson(`${f.url}/settle`, await rig.payment(17n));
+    await eventually(async () => ((await rig!.test.getTxpoolStatus()).pending === 1 ? true : undefined), 200, 25);
+    const [hash] = Object.values((await rig.test.getTxpoolContent()).pending).flatMap((byNonce) => Object.values(byNonce).map((t) => t.hash));
+    await rpc(rig.anvil.rpcUrl, "anvil_dropTransaction", [hash]);
+    expect((await rig.test.getTxpoolStatus()).pending).toBe(0);
+    // The reconciler's own passes put it back (the same bytes) well before the wait's bound.
+    await eventually(async () => ((await rig!.test.getTxpoolStatus()).pending === 1 ? true : undefined), 200, 100);
+    await rig.test.mine({ blocks: 1 });
+    await rig.test.setAutomine(true);
+    expect((await answer).json).toMatchObject({ success: true, transaction: hash });
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(17n);
   });
 });

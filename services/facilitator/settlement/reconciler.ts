@@ -43,6 +43,9 @@ export const DEFAULT_MAX_FEE_BUMPS = 5;
  */
 export const NONCE_TAKEN_GRACE_BLOCKS = 3n;
 
+/** A transaction left to its receipt wait is checked to be in the node's pool once it is this old, and then this often (seconds). */
+const AWAITED_CHECK_S = 5;
+
 export function startReconciler(opts: ReconcilerOptions) {
   const { store, signer, chain, network, logger } = opts;
   const broadcastAfter = (opts.broadcastAfterMs ?? 2000) / 1000;
@@ -50,6 +53,8 @@ export function startReconciler(opts: ReconcilerOptions) {
   const maxBumps = opts.maxFeeBumps ?? DEFAULT_MAX_FEE_BUMPS;
   // Rows already reported as waiting at a limit: say it once per row, not once per pass.
   const waitingAtLimit = new Set<string>();
+  // Awaited rows (left to their receipt wait): when each may next be checked to be in the node's pool.
+  const awaitedCheckAt = new Map<string, number>();
   // Rows whose nonce a node called used, with the head when that was first seen.
   const nonceTakenAt = new Map<string, bigint>();
   let running: Promise<void> | undefined;
@@ -71,7 +76,15 @@ export function startReconciler(opts: ReconcilerOptions) {
     // A transaction a receipt wait of this process is watching is left to it until it is due a
     // replacement: a lookup per pass of every transaction of a burst would double the receipt calls.
     const dueReplacement = tx.age_seconds >= replaceAfter * tx.hashes.length;
-    if (tx.state === "broadcast" && !dueReplacement && signer.awaited(tx.hash)) return;
+    if (tx.state === "broadcast" && !dueReplacement && signer.awaited(tx.hash)) {
+      // Still, one that stays unmined a while is checked to be in the node's pool now and then: a
+      // node that lost it leaves a gap every later nonce of the key waits behind.
+      if (tx.age_seconds < AWAITED_CHECK_S || Date.now() < (awaitedCheckAt.get(tx.id) ?? 0)) return;
+      if (awaitedCheckAt.size > 10_000) awaitedCheckAt.clear();
+      awaitedCheckAt.set(tx.id, Date.now() + AWAITED_CHECK_S * 1000);
+      if (!(await chain.client.getTransaction({ hash: tx.hash }).catch(() => undefined))) await handle(tx, await signer.send(tx));
+      return;
+    }
     const mined = await findMined(chain, tx.hashes, opts.confirmations);
     if (mined) {
       const { receipt } = mined;
