@@ -19,7 +19,7 @@ afterEach(async () => {
 });
 
 describe.each(ENGINES)("reorgs (%s store)", (engine) => {
-  it("settlements mined in one block are watched through that block: no receipt lookup per transaction", async () => {
+  it("settlements mined in one block are watched through that block: no receipt lookup per transaction, and all sent again when it leaves the chain", async () => {
     rig = await startRig({ engine });
     proxy = await startRpcFaultProxy({ upstream: rig.anvil.rpcUrl });
     const f = await rig.facilitator({ rpcUrls: [proxy.url] });
@@ -39,6 +39,13 @@ describe.each(ENGINES)("reorgs (%s store)", (engine) => {
     });
     expect(calls.eth_getTransactionReceipt ?? 0).toBe(0);
     expect(calls.eth_getBlockByNumber).toBeGreaterThanOrEqual(1);
+
+    // That block leaves the chain: its four transactions are found out through it and sent again.
+    await rpc(rig.anvil.rpcUrl, "anvil_reorg", [1, []]);
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(0n);
+    for (const hash of hashes) expect((await eventually(() => publicClient(rig!.anvil.rpcUrl).getTransactionReceipt({ hash }).catch(() => undefined), 100, 200)).status).toBe("success");
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(10n);
+    expect(await metricSum(f.adminUrl, "x402_settlement_reorged_total")).toBe(4);
   });
 
 

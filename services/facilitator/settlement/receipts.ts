@@ -40,8 +40,11 @@ interface Watch {
   last?: MinedTransaction;
   /** When a lookup is due even though no followed block holds the transaction (lagging endpoints, skipped blocks, reorgs). */
   fallbackAt: number;
+  /** Before this, a followed block holding the transaction does not make a lookup due (one just missed: a lagging endpoint, or not deep yet). */
+  retryAt: number;
   calls: number;
   lastUsed: number;
+  hashes: readonly Hex[];
 }
 
 /** Blocks read back at most when the head moved by more than one since the last read. */
@@ -59,32 +62,46 @@ export function createReceiptPoller(chain: ChainClient, opts: ReceiptPollerOptio
   const watches = new Map<string, Watch>();
   const idleMs = Math.max(opts.maxIntervalMs * 3, 3000);
   const fallbackMs = opts.maxIntervalMs * 5;
-  // Transaction hashes of the blocks followed, with their block: bounded to the last few blocks.
+  // Hashes someone waits for (lower case), and the followed block each was seen in.
+  const wanted = new Set<string>();
   const included = new Map<string, bigint>();
-  let head: bigint | undefined;
+  let head: { number: bigint; hash: Hex | null } | undefined;
   let following: Promise<void> | undefined;
   let followAt = 0;
   let followIntervalMs = opts.intervalMs;
 
+  function forget(hashes: readonly Hex[]) {
+    for (const h of hashes) {
+      wanted.delete(h.toLowerCase());
+      included.delete(h.toLowerCase());
+    }
+  }
+
   function sweep(now: number) {
     if (watches.size < 256) return;
-    for (const [key, w] of watches) if (!w.inFlight && now - w.lastUsed > idleMs) watches.delete(key);
+    for (const [key, w] of watches) {
+      if (w.inFlight || now - w.lastUsed <= idleMs) continue;
+      watches.delete(key);
+      forget(w.hashes);
+    }
   }
 
   async function readBlocks(): Promise<void> {
     const latest = await chain.client.getBlock({ blockTag: "latest" });
     const number = latest.number!;
-    if (head !== undefined && number <= head) {
+    if (head && number <= head.number && latest.hash === head.hash) {
       followIntervalMs = Math.min(followIntervalMs * 2, opts.maxIntervalMs); // the head stands still: ask less often
       return;
     }
+    // A new head (or another block at the same height: a reorg, another endpoint): read it, and what it skipped.
     followIntervalMs = opts.intervalMs;
     const missed: bigint[] = [];
-    for (let n = number - 1n; head !== undefined && n > head && missed.length < MAX_BACKFILL; n--) missed.push(n);
+    for (let n = number - 1n; head && n > head.number && missed.length < MAX_BACKFILL; n--) missed.push(n);
     const blocks = [latest, ...(await Promise.all(missed.map((n) => chain.client.getBlock({ blockNumber: n }).catch(() => undefined))))];
-    for (const block of blocks) for (const hash of (block?.transactions ?? []) as Hex[]) included.set(hash.toLowerCase(), block!.number!);
-    head = number;
-    if (included.size > 50_000) for (const [hash, at] of included) if (at + 64n < number) included.delete(hash);
+    for (const block of blocks) {
+      for (const hash of (block?.transactions ?? []) as Hex[]) if (wanted.has(hash.toLowerCase())) included.set(hash.toLowerCase(), block!.number!);
+    }
+    head = { number, hash: latest.hash };
   }
 
   /** Reads the head (and blocks it skipped) unless a read is in flight or was made too recently. */
@@ -107,15 +124,20 @@ export function createReceiptPoller(chain: ChainClient, opts: ReceiptPollerOptio
       let w = watches.get(key);
       if (w && !w.inFlight && now - w.lastUsed > idleMs) w = undefined; // a new wait: a fresh budget
       const first = !w;
-      if (!w) watches.set(key, (w = { fallbackAt: now + fallbackMs, calls: 0, lastUsed: now }));
+      if (!w) {
+        watches.set(key, (w = { fallbackAt: now + fallbackMs, retryAt: 0, calls: 0, lastUsed: now, hashes }));
+        for (const h of hashes) wanted.add(h.toLowerCase());
+      }
       w.lastUsed = now;
       if (w.last) return w.last; // mined stays mined (reorgs are the reconciler's business)
       if (w.inFlight) return w.inFlight;
-      // In a followed block, and as deep as asked (by the head followed).
-      const seen = () => hashes.some((h) => {
-        const at = included.get(h.toLowerCase());
-        return at !== undefined && head !== undefined && head - at + 1n >= BigInt(confirmations);
-      });
+      // In a followed block, as deep as asked (by the head followed), and not just missed.
+      const seen = () =>
+        Date.now() >= w.retryAt &&
+        hashes.some((h) => {
+          const at = included.get(h.toLowerCase());
+          return at !== undefined && head !== undefined && head.number - at + 1n >= BigInt(confirmations);
+        });
       if (!first && !seen()) {
         await follow(now);
         now = Date.now();
@@ -129,8 +151,10 @@ export function createReceiptPoller(chain: ChainClient, opts: ReceiptPollerOptio
       watch.inFlight = findMined(chain, hashes, confirmations)
         .then((mined) => {
           watch.last = mined;
-          // Not found where a block said it was (a reorg, a lagging endpoint): only a later block or the fallback asks again.
-          if (!mined) for (const h of hashes) included.delete(h.toLowerCase());
+          if (mined) forget(hashes);
+          // A followed block holds it but the lookup found nothing (yet): a lagging endpoint, or not
+          // deep enough. The block still counts, a second later.
+          else watch.retryAt = Date.now() + opts.maxIntervalMs;
           return mined;
         })
         .finally(() => (watch.inFlight = undefined));
