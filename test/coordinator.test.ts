@@ -227,7 +227,7 @@ describe("settlement coordinator: a payer's burst", () => {
     let refused = 0;
     for (const a of answers) void a.then((r) => r.errorReason === "invalid_batch_settlement_evm_insufficient_balance" && refused++);
     // Ten held in their mechanism (their reservations in flight), two answered: all twelve decided.
-    await eventually(async () => (ran + refused === 12 ? true : undefined), 200, 25);
+    await eventually(async () => (ran + refused === 12 ? true : undefined), 400, 25);
     expect(ran).toBe(10);
     expect(refused).toBe(2);
     release();

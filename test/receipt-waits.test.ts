@@ -41,7 +41,7 @@ describe.each(ENGINES)("shared receipt waits (%s store)", (engine) => {
 
   it("the reconciler leaves a transaction to the receipt wait watching it, and takes it over when the wait ends", async () => {
     rig = await startRig({ engine });
-    const f = await rig.facilitator({ receiptTimeoutMs: 3000 });
+    const f = await rig.facilitator({ receiptTimeoutMs: 4500 });
     await rig.test.setAutomine(false);
     const answer = postJson(`${f.url}/settle`, await rig.payment(42n));
     await eventually(async () => ((await rig!.test.getTxpoolStatus()).pending === 1 ? true : undefined), 200, 25);
@@ -66,7 +66,7 @@ describe.each(ENGINES)("shared receipt waits (%s store)", (engine) => {
     await rig.test.setAutomine(false);
     const before = await receiptCalls(f.adminUrl);
     const answers = Promise.all(bodies.map(async (b) => (await postJson(`${f.url}/settle`, b)).json));
-    await eventually(async () => ((await rig!.test.getTxpoolStatus()).pending === bodies.length ? true : undefined), 200, 25);
+    await eventually(async () => ((await rig!.test.getTxpoolStatus()).pending === bodies.length ? true : undefined), 400, 25);
     await new Promise((r) => setTimeout(r, 2000)); // a block time: polling on their own, ten waits would ask ~5 times each
     await rig.test.mine({ blocks: 1 });
     await rig.test.setAutomine(true);
@@ -82,7 +82,7 @@ describe.each(ENGINES)("shared receipt waits (%s store)", (engine) => {
     const f = await rig.facilitator({ receiptTimeoutMs: 30_000 });
     await rig.test.setAutomine(false);
     const answer = postJson(`${f.url}/settle`, await rig.payment(17n));
-    await eventually(async () => ((await rig!.test.getTxpoolStatus()).pending === 1 ? true : undefined), 200, 25);
+    await eventually(async () => ((await rig!.test.getTxpoolStatus()).pending === 1 ? true : undefined), 400, 25);
     const [hash] = Object.values((await rig.test.getTxpoolContent()).pending).flatMap((byNonce) => Object.values(byNonce).map((t) => t.hash));
     await rpc(rig.anvil.rpcUrl, "anvil_dropTransaction", [hash]);
     expect((await rig.test.getTxpoolStatus()).pending).toBe(0);

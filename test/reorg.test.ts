@@ -26,7 +26,7 @@ describe.each(ENGINES)("reorgs (%s store)", (engine) => {
     const bodies = await Promise.all([1n, 2n, 3n, 4n].map((a) => rig!.payment(a)));
     await rig.test.setAutomine(false);
     const answers = Promise.all(bodies.map(async (b) => (await postJson(`${f.url}/settle`, b)).json));
-    await eventually(async () => ((await rig!.test.getTxpoolStatus()).pending === bodies.length ? true : undefined), 200, 50);
+    await eventually(async () => ((await rig!.test.getTxpoolStatus()).pending === bodies.length ? true : undefined), 400, 50);
     await rig.test.mine({ blocks: 1 });
     await rig.test.setAutomine(true);
     const hashes = (await answers).map((a) => a.transaction as Hex);

@@ -70,7 +70,7 @@ describe("synchronous sends", () => {
     const before = { ...proxy.calls };
     const sent = (method: string) => (proxy!.calls[method] ?? 0) - (before[method] ?? 0);
     const answers = Promise.all(bodies.map(async (b) => (await postJson(`${f.url}/settle`, b)).json));
-    await eventually(async () => (sent("eth_sendRawTransactionSync") + sent("eth_sendRawTransaction") >= bodies.length ? true : undefined), 200, 50);
+    await eventually(async () => (sent("eth_sendRawTransactionSync") + sent("eth_sendRawTransaction") >= bodies.length ? true : undefined), 400, 50);
     expect(sent("eth_sendRawTransactionSync")).toBe(SYNC_SENDS_IN_FLIGHT);
     expect(sent("eth_sendRawTransaction")).toBe(extra);
     await rig.test.mine({ blocks: 1 });
