@@ -2,7 +2,7 @@
 // chain, tokens and pre-signed payloads, in one run. Prints a table and writes
 // bench/results/latest.json and latest.md. Figures are measurements, never test assertions.
 import { spawn, type ChildProcess } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { createWriteStream, readFileSync } from "node:fs";
 import { mkdtemp, readFile, rm, writeFile, mkdir } from "node:fs/promises";
 import { cpus, tmpdir } from "node:os";
 import { join } from "node:path";
@@ -25,9 +25,13 @@ const profile = process.env.BENCH_CPU_PROFILE_DIR ? ["--cpu-prof", `--cpu-prof-d
 // Our services run with the image's Node options (its young-generation size), as deployed.
 const IMAGE_NODE_OPTIONS = /NODE_OPTIONS="([^"]*)"/.exec(readFileSync(join(ROOT, "Dockerfile"), "utf8"))?.[1] ?? "";
 
-function start(args: string[], env: Record<string, string>): ChildProcess {
+/** BENCH_LOG_DIR=dir keeps every service's log there, one file per service (warnings and errors, or LOG_LEVEL's). */
+const LOG_DIR = process.env.BENCH_LOG_DIR;
+
+function start(name: string, args: string[], env: Record<string, string>): ChildProcess {
   const ours = args[0] === "bin/x402-fleet.js" ? { NODE_OPTIONS: IMAGE_NODE_OPTIONS } : {};
-  const child = spawn(process.execPath, [...profile, ...args], { cwd: ROOT, env: { ...process.env, LOG_LEVEL: "warn", ...ours, ...env }, stdio: ["ignore", "ignore", "inherit"] });
+  const child = spawn(process.execPath, [...profile, ...args], { cwd: ROOT, env: { ...process.env, LOG_LEVEL: process.env.LOG_LEVEL ?? "warn", ...ours, ...env }, stdio: ["ignore", LOG_DIR ? "pipe" : "ignore", "inherit"] });
+  if (LOG_DIR) child.stdout!.pipe(createWriteStream(join(LOG_DIR, `${name}.log`)));
   children.push(child);
   return child;
 }
@@ -89,7 +93,7 @@ async function main() {
     const keyFile = join(dir, `${name}.key`);
     await writeFile(keyFile, signerKeys.join("\n") + "\n");
     const port = await freePort();
-    const child = start(["bin/x402-fleet.js", "facilitator", "--network", net.network, "--rpc-url", proxyOurs.url, "--signer-key-file", keyFile, "--schemes", "exact", "--port", String(port), "--admin-port", String(await freePort())], {
+    const child = start(name, ["bin/x402-fleet.js", "facilitator", "--network", net.network, "--rpc-url", proxyOurs.url, "--signer-key-file", keyFile, "--schemes", "exact", "--port", String(port), "--admin-port", String(await freePort())], {
       X402_DATA_DIR: join(dir, `${name}-db`),
       DATABASE_URL: databaseUrl,
       // anvil serves eth_sendRawTransactionSync (EIP-7966): the receipt comes with the send. Its
@@ -109,11 +113,11 @@ async function main() {
   const tablePath = join(dir, "routing.json");
   await writeFile(tablePath, JSON.stringify({ backends: [{ network: net.network, url: ours1.url, kinds: [{ x402Version: 2, scheme: "exact", network: net.network }] }] }));
   const routerPort = await freePort();
-  const router = start(["bin/x402-fleet.js", "router", "--routing-table", tablePath, "--port", String(routerPort), "--admin-port", String(await freePort())], {});
+  const router = start("router", ["bin/x402-fleet.js", "router", "--routing-table", tablePath, "--port", String(routerPort), "--admin-port", String(await freePort())], {});
   const routerUrl = `http://127.0.0.1:${routerPort}/v2`;
   await waitUp(`${routerUrl}/supported`);
   const refPort = await freePort();
-  const ref = start(["--import", "tsx", "bench/reference-facilitator.ts"], { RPC_URL: proxyRef.url, PRIVATE_KEY: keys.ref[0]!, NETWORK: net.network, PORT: String(refPort) });
+  const ref = start("reference", ["--import", "tsx", "bench/reference-facilitator.ts"], { RPC_URL: proxyRef.url, PRIVATE_KEY: keys.ref[0]!, NETWORK: net.network, PORT: String(refPort) });
   const refUrl = `http://127.0.0.1:${refPort}`;
   await waitUp(`${refUrl}/supported`);
 

@@ -5,6 +5,7 @@ import { bytesToHex, getAddress } from "viem";
 import { mnemonicToAccount, privateKeyToAccount } from "viem/accounts";
 import { z } from "zod";
 import { number } from "../platform/flags.ts";
+import type { InFlightCaps } from "../platform/http.ts";
 import { CAIP2_PATTERN, networkInfo, type AssetInfo, type Caip2 } from "../x402/networks.ts";
 import { SCHEMES, type Scheme } from "../x402/wire.ts";
 import { DEFAULT_BASE_FEE_MULTIPLIER, createGasPolicy, parseGasCeilings, type GasPolicy, type TransactionKind } from "./settlement/gas-policy.ts";
@@ -24,6 +25,8 @@ export interface FacilitatorConfig {
   rpcTimeoutMs: number;
   assets: AssetInfo[];
   bodyLimit: number;
+  /** Requests held at once, per action: past it a 503 with Retry-After, before any work (load shedding). */
+  maxInFlight: InFlightCaps;
   adminPort: number;
   /**
    * A signer with no more than this (wei) counts as unfunded and is not picked. Unset: derived
@@ -122,6 +125,8 @@ const fileSchema = z
     receiptTimeoutMs: z.number().int().positive(),
     rpcTimeoutMs: z.number().int().positive(),
     bodyLimit: z.number().int().positive(),
+    maxVerifyInFlight: z.number().int().positive(),
+    maxSettleInFlight: z.number().int().positive(),
     policy: z.record(z.unknown()),
     assets: z.array(
       z.object({
@@ -199,6 +204,8 @@ export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorCon
     receiptPollBudget: num("X402_RECEIPT_POLL_BUDGET"),
     receiptTimeoutMs: num("X402_RECEIPT_TIMEOUT_MS"),
     rpcTimeoutMs: num("X402_RPC_TIMEOUT_MS"),
+    maxVerifyInFlight: num("X402_MAX_VERIFY_IN_FLIGHT"),
+    maxSettleInFlight: num("X402_MAX_SETTLE_IN_FLIGHT"),
     policy: env.X402_POLICY ? parsePolicyEnv(env.X402_POLICY) : undefined,
   };
 }
@@ -254,6 +261,9 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
     receiptTimeoutMs: c.receiptTimeoutMs ?? defaultReceiptTimeoutMs(policy),
     rpcTimeoutMs: c.rpcTimeoutMs ?? 10_000,
     bodyLimit: c.bodyLimit ?? 64 * 1024,
+    // A 1,000-payment burst fits with room to spare; a settlement waiting for its block holds tens
+    // of kilobytes, so the settle cap keeps memory well under a pod's limit.
+    maxInFlight: { verify: c.maxVerifyInFlight ?? 4096, settle: c.maxSettleInFlight ?? 2048 },
     adminPort: c.adminPort ?? (c.port === 0 ? 0 : 9421), // an ephemeral public port implies an ephemeral admin port
     minSignerBalanceWei: c.minSignerBalanceWei !== undefined ? BigInt(c.minSignerBalanceWei) : undefined,
     balanceRefreshMs: c.balanceRefreshMs ?? 15_000,

@@ -152,6 +152,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
       service: "facilitator",
       metrics,
       longestHandlerMs: config.receiptTimeoutMs, // a settle waits for its receipt up to this bound
+      maxInFlight: config.maxInFlight,
       handlers: {
         verify: async (body) => ok(await facilitator.verify(body)),
         settle: async (body, caller) => {

@@ -1,6 +1,7 @@
 // The /v2 contract surface the router and the facilitator serve (on the HTTP kit): its routes,
 // response schemas, and the headers between the router and its facilitators.
 import type { FastifyInstance, FastifyReply } from "fastify";
+import { COMMON_STATUS, CodedError } from "./errors.ts";
 import { createServiceApp } from "./http-kit.ts";
 import type { Logger } from "./logger.ts";
 import type { Metrics } from "./metrics.ts";
@@ -58,7 +59,17 @@ export interface ContractAppOptions {
   timeouts?: Partial<ServerTimeouts>;
   /** The longest a handler may wait (a settle's receipt bound): the idle bound must exceed it. */
   longestHandlerMs?: number;
+  /** Requests of each action this process holds at once (X402_MAX_*_IN_FLIGHT); past it a 503 with Retry-After. */
+  maxInFlight?: InFlightCaps;
 }
+
+export interface InFlightCaps {
+  verify: number;
+  settle: number;
+}
+
+/** How long a shed caller is asked to wait before retrying (Retry-After, seconds). */
+const SHED_RETRY_AFTER_S = 1;
 
 export const DEFAULT_BODY_LIMIT = 64 * 1024;
 
@@ -104,9 +115,28 @@ export function createContractApp(opts: ContractAppOptions): FastifyInstance {
   const reply = (r: FastifyReply, result: HandlerResult) => r.code(result.status).headers(result.headers ?? {}).type("application/json; charset=utf-8").send(result.body);
   return createServiceApp({ ...opts, bodyLimit: opts.bodyLimit ?? DEFAULT_BODY_LIMIT, endpoints }, (app) => {
     for (const action of ["verify", "settle"] as const) {
-      app.post(`/v2/${action}`, { schema: { response: { 200: RESPONSE_SCHEMAS[action] } } }, async (request, r) =>
-        reply(r, await opts.handlers[action](request.body, { authorization: request.headers.authorization, apiKey: headerValue(request.headers["x-api-key"]), gasAllowance: headerValue(request.headers[FLEET_HEADERS.gasAllowance]) })),
-      );
+      // Load shedding: past its cap a request is refused before any work (nothing verified, claimed
+      // or sent), so a burst larger than the process can carry goes back to the caller, or through
+      // the router to a retry, instead of growing memory and every request's latency without bound.
+      const cap = opts.maxInFlight?.[action] ?? Infinity;
+      let inFlight = 0;
+      const labels = { service: opts.service, route: `/v2/${action}` };
+      app.post(`/v2/${action}`, { schema: { response: { 200: RESPONSE_SCHEMAS[action] } } }, async (request, r) => {
+        if (inFlight >= cap) {
+          opts.metrics.httpShed.inc(labels);
+          throw new CodedError("backend_unavailable", `this ${opts.service} is already handling ${cap} ${action} requests, the most it takes at once; retry in ${SHED_RETRY_AFTER_S} s`, COMMON_STATUS.backend_unavailable, {
+            "retry-after": String(SHED_RETRY_AFTER_S),
+          });
+        }
+        inFlight++;
+        opts.metrics.httpInFlight.inc(labels);
+        try {
+          return reply(r, await opts.handlers[action](request.body, { authorization: request.headers.authorization, apiKey: headerValue(request.headers["x-api-key"]), gasAllowance: headerValue(request.headers[FLEET_HEADERS.gasAllowance]) }));
+        } finally {
+          inFlight--;
+          opts.metrics.httpInFlight.dec(labels);
+        }
+      });
     }
     app.get("/v2/supported", { schema: { response: { 200: RESPONSE_SCHEMAS.supported } } }, async (_request, r) => reply(r, await opts.handlers.supported()));
     if (discovery) {

@@ -31,6 +31,8 @@ export function createMetrics(service: string) {
     gasFunded: new Counter({ name: "x402_settlement_gas_funded_wei_total", help: "Wei of native currency sent to payers to pay for their Permit2 approval (erc20ApprovalGasSponsoring)", labelNames: ["network"], ...r }),
     approvalSponsorings: new Counter({ name: "x402_settlement_approval_sponsorings_total", help: "Sponsored approvals at /settle by result (settled, or the refusal's reason code)", labelNames: ["network", "result"], ...r }),
     httpRequests: new Counter({ name: "x402_http_requests_total", help: "HTTP requests by route and status", labelNames: ["service", "route", "status"], ...r }),
+    httpInFlight: new Gauge({ name: "x402_http_requests_in_flight", help: "POST /v2/verify and /v2/settle requests being handled", labelNames: ["service", "route"], ...r }),
+    httpShed: new Counter({ name: "x402_http_requests_shed_total", help: "Requests refused with 503 and Retry-After because the process already held its cap of that action (X402_MAX_*_IN_FLIGHT)", labelNames: ["service", "route"], ...r }),
     httpDuration: new Histogram({ name: "x402_http_request_duration_seconds", help: "HTTP request latency", labelNames: ["service", "route"], buckets: LATENCY_BUCKETS, ...r }),
     rpcRequests: new Counter({ name: "x402_rpc_requests_total", help: "JSON-RPC requests by endpoint (host), method and result", labelNames: ["network", "endpoint", "method", "result"], ...r }),
     rpcDuration: new Histogram({ name: "x402_rpc_request_duration_seconds", help: "JSON-RPC latency (one HTTP round trip, batches counted once)", labelNames: ["network", "endpoint"], buckets: LATENCY_BUCKETS, ...r }),

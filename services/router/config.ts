@@ -1,6 +1,6 @@
 // `x402-fleet router`: flags and environment → RouterConfig, every value checked before anything
 // starts (the service itself trusts its config).
-import { flagOrEnv, port, serviceCommand, stringFlags, type FlagValues } from "../platform/flags.ts";
+import { FlagError, flagOrEnv, port, serviceCommand, stringFlags, wholeNumber, type FlagValues } from "../platform/flags.ts";
 import type { RouterConfig } from "./service.ts";
 
 const FLAGS = stringFlags("routing-table", "host", "port", "admin-port");
@@ -17,7 +17,14 @@ export function routerOptionsFrom(flags: FlagValues<typeof FLAGS>, env: NodeJS.P
   // The replicas share keys, quotas and the catalog: an embedded engine would split them.
   if (apiKeys && !env.DATABASE_URL) throw new Error("router: X402_ROUTER_API_KEYS=required needs DATABASE_URL (the PostgreSQL database the replicas share)");
   if (discovery && !env.DATABASE_URL) throw new Error("router: X402_ROUTER_DISCOVERY=on needs DATABASE_URL (the PostgreSQL database the replicas share)");
+  // Requests held at once (load shedding); the router only forwards, and fronts one facilitator per network.
+  const cap = (name: string, fallback: number) => {
+    const v = wholeNumber(name, env[name]);
+    if (v === 0) throw new FlagError(`${name} must be at least 1`);
+    return v ?? fallback;
+  };
   return {
+    maxInFlight: { verify: cap("X402_MAX_VERIFY_IN_FLIGHT", 16_384), settle: cap("X402_MAX_SETTLE_IN_FLIGHT", 16_384) },
     databaseUrl: env.DATABASE_URL,
     apiKeys,
     discovery,
@@ -36,7 +43,8 @@ export const routerCli = serviceCommand({
 env: OTEL_EXPORTER_OTLP_ENDPOINT,
   X402_ROUTER_API_KEYS=required with DATABASE_URL: /verify and /settle need an API key,
   X402_ROUTER_DISCOVERY=on with DATABASE_URL: the bazaar catalog at /v2/discovery/*,
-  X402_ROUTER_ADMIN_TOKEN_FILE: the key admin API at /admin/v1/* on the admin port
+  X402_ROUTER_ADMIN_TOKEN_FILE: the key admin API at /admin/v1/* on the admin port,
+  X402_MAX_VERIFY_IN_FLIGHT, X402_MAX_SETTLE_IN_FLIGHT: requests held at once (16384 each), past it 503 + Retry-After
 `,
   flags: FLAGS,
   optionsFrom: routerOptionsFrom,

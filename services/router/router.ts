@@ -169,7 +169,11 @@ export function createRouter(opts: RouterOptions): Router {
       const upstream = `upstream;dur=${(performance.now() - sentAt).toFixed(2)}`;
       if (key && res.statusCode === 200) await recordUsage(key, action, network, body, text, spent);
       const extra = opts.discovery && res.statusCode === 200 && declaresBazaar(body) && paid(action, text) ? await opts.discovery.afterPayment(body) : undefined;
-      return { status: res.statusCode, body: text, headers: extra ? { ...extra, "server-timing": upstream } : { "server-timing": upstream } };
+      const answerHeaders: Record<string, string> = extra ? { ...extra, "server-timing": upstream } : { "server-timing": upstream };
+      // A facilitator shedding load says when to come back: the caller hears it too.
+      const retryAfter = res.statusCode === 503 ? res.headers["retry-after"] : undefined;
+      if (typeof retryAfter === "string") answerHeaders["retry-after"] = retryAfter;
+      return { status: res.statusCode, body: text, headers: answerHeaders };
     } finally {
       if (gas) await finishGas(gas, spent, key!);
     }

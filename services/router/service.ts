@@ -1,5 +1,5 @@
 // Starts the router: the routing table file, the /v2 contract surface, the forwarding pools.
-import { createContractApp } from "../platform/http.ts";
+import { createContractApp, type InFlightCaps } from "../platform/http.ts";
 import { serve, startService, type RunningService } from "../platform/lifecycle.ts";
 import { createLogger, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
@@ -31,6 +31,8 @@ export interface RouterConfig {
   discovery?: boolean;
   /** With API keys: the bootstrap admin token (a file, from a Secret) opening /admin/v1/* on the admin port. */
   adminTokenFile?: string;
+  /** Requests held at once, per action: past it a 503 with Retry-After (unset: no cap). */
+  maxInFlight?: InFlightCaps;
 }
 
 export type RunningRouter = RunningService;
@@ -66,7 +68,7 @@ export async function startRouterService(config: RouterConfig, logger: Logger = 
     probe.unref();
     life.defer(() => clearInterval(probe));
     // A settle is forwarded with a 60 s bound (router.ts): the connection must outlive it.
-    const app = createContractApp({ logger, bodyLimit: config.bodyLimit, handlers: router, service: "router", metrics, longestHandlerMs: 60_000 });
+    const app = createContractApp({ logger, bodyLimit: config.bodyLimit, handlers: router, service: "router", metrics, longestHandlerMs: 60_000, maxInFlight: config.maxInFlight });
     const { url, adminUrl } = await serve(life, app, { host: config.host, port: config.port, adminPort: config.adminPort ?? (config.port === 0 ? 0 : 9420) }, {
       registry: metrics.registry,
       logger,
