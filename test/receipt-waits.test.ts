@@ -77,6 +77,41 @@ describe.each(ENGINES)("shared receipt waits (%s store)", (engine) => {
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(55n);
   });
 
+  it("a backlog in the node's pool: one pending-nonce read per pass, not a lookup per transaction; priced at the market, nothing is replaced; a gap the node lost is filled with the stored bytes", async () => {
+    rig = await startRig({ engine });
+    // Due a replacement after 1 s, and checked against the pool after 5 s: both happen while the backlog waits.
+    const f = await rig.facilitator({ receiptTimeoutMs: 60_000, replaceAfterMs: 1000 });
+    await rig.test.setAutomine(false);
+    const n = 10;
+    const bodies = [];
+    for (let i = 1; i <= n; i++) bodies.push(await rig.payment(BigInt(i)));
+    const answers = bodies.map((b) => postJson(`${f.url}/settle`, b));
+    const pooled = async () => Object.fromEntries(Object.values((await rig!.test.getTxpoolContent()).pending).flatMap((byNonce) => Object.entries(byNonce).map(([nonce, t]) => [nonce, t.hash])));
+    await eventually(async () => (Object.keys(await pooled()).length === n ? true : undefined), 400, 25);
+    const sent = await pooled();
+    // The node loses one from the middle: every later nonce of the key waits behind the gap.
+    await rpc(rig.anvil.rpcUrl, "anvil_dropTransaction", [sent["4"]]);
+    const counts0 = await metricSum(f.adminUrl, "x402_rpc_requests_total", { method: "eth_getTransactionCount" });
+    // Passes run once a second; the gap is found once the transactions are 5 s old, and filled.
+    await eventually(async () => (Object.keys(await pooled()).length === n ? true : undefined), 200, 100);
+    expect(await pooled()).toEqual(sent); // the very bytes stored: same hashes, nothing re-signed
+    await new Promise((r) => setTimeout(r, 2500)); // more passes over the backlog, each past its replacement time
+    expect(await pooled()).toEqual(sent);
+    expect(await metricSum(f.adminUrl, "x402_settlement_replacement_capped_total")).toBe(0);
+    expect(await lookups(f.adminUrl)).toBe(0);
+    // One read per pass for the key, not one per transaction (10 here): a bound that holds at any machine speed.
+    const passes = (await metricSum(f.adminUrl, "x402_rpc_requests_total", { method: "eth_getTransactionCount" })) - counts0;
+    expect(passes).toBeGreaterThan(0);
+    expect(passes).toBeLessThan(20);
+    await rig.test.mine({ blocks: 1 });
+    await rig.test.setAutomine(true);
+    const results = await Promise.all(answers);
+    const minedUnder = results.map((r) => r.json.transaction);
+    for (const r of results) expect(r.json, r.text).toMatchObject({ success: true });
+    expect(new Set(minedUnder)).toEqual(new Set(Object.values(sent)));
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(BigInt((n * (n + 1)) / 2));
+  });
+
   it("a transaction left to its receipt wait that the node lost is sent again while the wait still runs", async () => {
     rig = await startRig({ engine });
     const f = await rig.facilitator({ receiptTimeoutMs: 30_000 });

@@ -8,7 +8,7 @@ import { safeMessage, type Logger } from "../../platform/logger.ts";
 import type { Metrics } from "../../platform/metrics.ts";
 import type { ChainClient } from "../chain.ts";
 import { TransactionReceiptNotFoundError } from "viem";
-import type { OutboxSigner, SendOutcome } from "./outbox-signer.ts";
+import type { MarketFees, OutboxSigner, SendOutcome } from "./outbox-signer.ts";
 import { findMined } from "./receipts.ts";
 import { NONCE_FILLER_PAYMENT, type OutboxRow, type SettlementStore } from "./store.ts";
 
@@ -43,8 +43,11 @@ export const DEFAULT_MAX_FEE_BUMPS = 5;
  */
 export const NONCE_TAKEN_GRACE_BLOCKS = 3n;
 
-/** A transaction left to its receipt wait is checked to be in the node's pool once it is this old, and then this often (seconds). */
+/** A transaction left to its receipt wait is checked to be in the node's pool once it is this old (seconds). */
 const AWAITED_CHECK_S = 5;
+
+/** Open transactions a pass works on at once. */
+const PASS_CONCURRENCY = 16;
 
 export function startReconciler(opts: ReconcilerOptions) {
   const { store, signer, chain, network, logger } = opts;
@@ -53,36 +56,58 @@ export function startReconciler(opts: ReconcilerOptions) {
   const maxBumps = opts.maxFeeBumps ?? DEFAULT_MAX_FEE_BUMPS;
   // Rows already reported as waiting at a limit: say it once per row, not once per pass.
   const waitingAtLimit = new Set<string>();
-  // Awaited rows (left to their receipt wait): when each may next be checked to be in the node's pool.
-  const awaitedCheckAt = new Map<string, number>();
   // Rows whose nonce a node called used, with the head when that was first seen.
   const nonceTakenAt = new Map<string, bigint>();
   let running: Promise<void> | undefined;
   let stopped = false;
 
   async function pass(): Promise<void> {
-    for (const tx of await store.openOutbox(signer.getAddresses())) {
-      try {
-        await reconcile(tx);
-      } catch (e) {
-        logger.warn({ id: tx.id, signer: tx.signer, nonce: tx.nonce, err: (e as Error).name }, "could not reconcile a transaction; will retry");
+    // Unsent transactions come first (the store orders them so): each is a nonce gap every later
+    // transaction of its key waits behind. The rows' RPC round trips overlap, a few at a time: one
+    // after another, a burst's thousand open transactions took minutes per pass at 25 ms a call.
+    const rows = await store.openOutbox(signer.getAddresses());
+    const view: PassView = { pending: new Map(), fees: undefined };
+    let next = 0;
+    const worker = async () => {
+      for (let i = next++; i < rows.length; i = next++) {
+        const tx = rows[i]!;
+        try {
+          await reconcile(tx, view);
+        } catch (e) {
+          logger.warn({ id: tx.id, signer: tx.signer, nonce: tx.nonce, err: (e as Error).name }, "could not reconcile a transaction; will retry");
+        }
       }
-    }
+    };
+    await Promise.all(Array.from({ length: Math.min(PASS_CONCURRENCY, rows.length) }, worker));
     await watchDepth().catch((e) => logger.warn({ err: (e as Error).name }, "could not check mined transactions for reorgs; will retry"));
     await exportStats();
   }
 
-  async function reconcile(tx: OutboxRow): Promise<void> {
-    // A transaction a receipt wait of this process is watching is left to it until it is due a
-    // replacement: a lookup per pass of every transaction of a burst would double the receipt calls.
+  /** What one pass reads once and shares between its rows. */
+  interface PassView {
+    /** Per key, the node's next nonce counting its pool: the first nonce it lacks (undefined: no answer, ask next pass). */
+    pending: Map<string, Promise<bigint | undefined>>;
+    fees: Promise<MarketFees> | undefined;
+  }
+  const pendingNonce = (view: PassView, address: `0x${string}`) => {
+    let p = view.pending.get(address);
+    if (!p) view.pending.set(address, (p = chain.client.getTransactionCount({ address, blockTag: "pending" }).then(BigInt, () => undefined)));
+    return p;
+  };
+
+  async function reconcile(tx: OutboxRow, view: PassView): Promise<void> {
     const dueReplacement = tx.age_seconds >= replaceAfter * tx.hashes.length;
-    if (tx.state === "broadcast" && !dueReplacement && signer.awaited(tx.hash)) {
-      // Still, one that stays unmined a while is checked to be in the node's pool now and then: a
-      // node that lost it leaves a gap every later nonce of the key waits behind.
-      if (tx.age_seconds < AWAITED_CHECK_S || Date.now() < (awaitedCheckAt.get(tx.id) ?? 0)) return;
-      if (awaitedCheckAt.size > 10_000) awaitedCheckAt.clear();
-      awaitedCheckAt.set(tx.id, Date.now() + AWAITED_CHECK_S * 1000);
-      if (!(await chain.client.getTransaction({ hash: tx.hash }).catch(() => undefined))) await handle(tx, await signer.send(tx));
+    // Only a transaction priced under the market is worth replacing: one priced at it waits for
+    // something fees do not buy (an earlier nonce of its key, a full block), and a replacement
+    // would only cost a signature and a send (a burst's backlog would be re-signed, row by row).
+    const worthReplacing = async () => dueReplacement && underpriced(tx, await (view.fees ??= signer.marketFees()));
+    // A transaction a receipt wait of this process is watching is left to it: a lookup per pass of
+    // every transaction of a burst would double the receipt calls.
+    if (tx.state === "broadcast" && signer.awaited(tx.hash) && !(await worthReplacing())) {
+      // Still, one that stays unmined a while is checked against the node's pool: a node that lost
+      // it leaves a gap every later nonce of the key waits behind. One read per key and pass (the
+      // first nonce the node lacks), not a lookup per transaction.
+      if (tx.age_seconds >= AWAITED_CHECK_S && BigInt(tx.nonce) === (await pendingNonce(view, tx.signer))) await handle(tx, await signer.send(tx));
       return;
     }
     const mined = await findMined(chain, tx.hashes, opts.confirmations);
@@ -99,7 +124,7 @@ export function startReconciler(opts: ReconcilerOptions) {
       return;
     }
     // Each attempt gets `replaceAfter` to mine before the next, higher-fee one; at its limits it waits, still in the pool.
-    if (dueReplacement && (await replace(tx, false))) return;
+    if ((await worthReplacing()) && (await replace(tx, false))) return;
     const known = await chain.client.getTransaction({ hash: tx.hash }).catch(() => undefined);
     // The node forgot it (restart, eviction, a reorg): send the same bytes again.
     if (!known) await handle(tx, await signer.send(tx));
@@ -138,6 +163,12 @@ export function startReconciler(opts: ReconcilerOptions) {
         await signer.retire(tx, outcome, outcome);
         await store.recordRejected(tx.payment_id, outcome, tx.reorged);
     }
+  }
+
+  /** Fees under what the market asks now: the base fee plus its tip, or a smaller tip than it. */
+  function underpriced(tx: OutboxRow, market: MarketFees): boolean {
+    const tip = BigInt(tx.max_priority_fee_per_gas);
+    return BigInt(tx.max_fee_per_gas) < market.baseFeePerGas + market.maxPriorityFeePerGas || tip < market.maxPriorityFeePerGas;
   }
 
   /** Re-signs with the same nonce at higher fees, within the bump limit and the fee cap; false when it may not. */
