@@ -323,6 +323,8 @@ export function createKeyedQueue() {
 export function createSettlementStore(db: Database, network: string, hooks: SettlementStoreHooks = {}) {
   const countedKeys = new Set<string>();
   const inTurn = createKeyedQueue();
+  // Keys whose chain nonce is being read to seed their counter.
+  const seeding = new Map<string, Promise<number>>();
   const reservationBatches = new Map<string, QueuedReservation[]>();
 
   async function reserveTogether(asset: string, payer: string, queued: QueuedReservation[]): Promise<void> {
@@ -483,7 +485,16 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
      * process. `initialNonce` seeds a key the store has not seen (its pending count on chain).
      */
     async allocateAndStore(entry: NewOutboxEntry, initialNonce: () => Promise<number>, sign: (nonce: bigint) => Promise<SignedTransaction>): Promise<OutboxRow> {
-      const seed = (await this.hasNonce(entry.signer)) ? undefined : await initialNonce();
+      // A key's first transactions (a burst right after start) share one read of its chain nonce.
+      let seed: number | undefined;
+      if (!(await this.hasNonce(entry.signer))) {
+        let read = seeding.get(entry.signer);
+        if (!read) {
+          seeding.set(entry.signer, (read = initialNonce()));
+          read.then(() => seeding.delete(entry.signer), () => seeding.delete(entry.signer));
+        }
+        seed = await read;
+      }
       return inTurn(`nonce:${entry.signer}`, () => db.transaction(async (tx) => {
         if (seed !== undefined) {
           await tx.query(`INSERT INTO settlement_nonces (network, signer, next_nonce) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, [network, entry.signer, seed]);
