@@ -75,11 +75,11 @@ async function payOnDevnet() {
   const permit2 = net.assets.find((a) => a.transferMethods.includes("permit2"))!;
   const unapproved = { ...spec, asset: permit2, payerKey: d.info.payers[1]!.privateKey };
   expect((await post("settle", serviceShape(unapproved, await signPermit2(unapproved)))).json.success).toBe(false);
-  // the settlement engine's reconciler exports the outbox gauges on its next pass (every second)
+  // the settlement engine's reconciler exports the outbox gauges: open states every pass (a second), settled ones every 10 s
   metrics.facilitator = await until(async () => {
     const t = await metricsText(net.adminUrl);
     return has(t, /^x402_settlement_outbox\{.*state="confirmed".*\} 1$/) ? t : undefined;
-  }, "the outbox gauges", 15_000);
+  }, "the outbox gauges", 30_000);
   metrics.router = await metricsText(keyed.adminUrl);
   Object.assign(adminUrls, { facilitator: net.adminUrl, router: keyed.adminUrl, wallets: d.info.walletsAdminUrl! });
   // the devnet's wallet service: a wallet created (a data key wrapped by the master key)

@@ -439,3 +439,24 @@ describe("the settlement record: recovery from a process that stopped halfway", 
     expect(reversed).toEqual(["reorg-1"]); // said once, by the process that corrected it
   });
 });
+
+describe("outbox gauges", () => {
+  it("open rows are counted on every call; settled ones (the network's history) only when asked for", async () => {
+    const store = createSettlementStore(db, "eip155:424242");
+    const signer = "0x00000000000000000000000000000000000000a1" as const;
+    const row = (i: number) =>
+      store.allocateAndStore(
+        { paymentId: `gauges-${i}`, signer, to: signer, data: "0x", gas: 21_000n, maxFeePerGas: 1n, maxPriorityFeePerGas: 1n },
+        async () => 0,
+        async () => ({ raw: `0x0${i}`, hash: `0x${String(i).padStart(64, "0")}` }),
+      );
+    const [a, b] = [await row(1), await row(2), await row(3)];
+    await store.markBroadcast(b!.id);
+    await store.markMined(a!.id, a!.hash, true);
+    const quick = await store.stats(false);
+    expect(quick.states).toEqual({ signed: 1, broadcast: 1 });
+    expect(quick.pendingBySigner).toEqual({ [signer]: 2 });
+    expect(quick.oldestOpenSeconds).toBeGreaterThanOrEqual(0);
+    expect((await store.stats(true)).states).toEqual({ signed: 1, broadcast: 1, confirmed: 1 });
+  });
+});

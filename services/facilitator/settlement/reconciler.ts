@@ -46,6 +46,9 @@ export const NONCE_TAKEN_GRACE_BLOCKS = 3n;
 /** A transaction left to its receipt wait is checked to be in the node's pool once it is this old (seconds). */
 const AWAITED_CHECK_S = 5;
 
+/** How often the outbox gauges of settled states (confirmed, reverted, dropped) are counted again. */
+const SETTLED_STATS_MS = 10_000;
+
 /** Open transactions a pass works on at once. */
 const PASS_CONCURRENCY = 16;
 
@@ -246,9 +249,13 @@ export function startReconciler(opts: ReconcilerOptions) {
     await handle(row, await signer.send(row));
   }
 
+  // Settled rows are counted every SETTLED_STATS_MS, not every pass: that count scans the network's history.
+  let settledCountedAt = 0;
   async function exportStats() {
-    const stats = await store.stats();
-    for (const state of ["signed", "broadcast", "confirmed", "reverted", "dropped"]) opts.metrics.outbox.set({ network, state }, stats.states[state] ?? 0);
+    const settled = Date.now() - settledCountedAt >= SETTLED_STATS_MS;
+    const stats = await store.stats(settled);
+    if (settled) settledCountedAt = Date.now();
+    for (const state of settled ? ["signed", "broadcast", "confirmed", "reverted", "dropped"] : ["signed", "broadcast"]) opts.metrics.outbox.set({ network, state }, stats.states[state] ?? 0);
     opts.metrics.pendingAge.set({ network }, stats.oldestOpenSeconds);
     for (const address of signer.getAddresses()) opts.metrics.signerPending.set({ network, signer: address }, stats.pendingBySigner[address] ?? 0);
   }

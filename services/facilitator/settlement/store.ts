@@ -733,21 +733,29 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       );
     },
 
-    async stats(): Promise<{ states: Record<string, number>; oldestOpenSeconds: number; pendingBySigner: Record<string, number> }> {
-      const states = await db.query<{ state: string; n: number }>(`SELECT state, count(*)::int AS n FROM settlement_outbox WHERE network = $1 GROUP BY state`, [network]);
-      const [oldest] = await db.query<{ age: number | null }>(
-        `SELECT EXTRACT(EPOCH FROM (now() - min(created_at)))::float8 AS age FROM settlement_outbox WHERE network = $1 AND state IN ('signed', 'broadcast')`,
+    /**
+     * Outbox gauges. Open rows (few, on a partial index) on every call; settled rows (every row the
+     * network ever sent: a scan that grows with history) only when `settled` is asked for.
+     */
+    async stats(settled: boolean): Promise<{ states: Record<string, number>; oldestOpenSeconds: number; pendingBySigner: Record<string, number> }> {
+      const open = await db.query<{ signer: string; state: string; n: number; age: number }>(
+        `SELECT signer, state, count(*)::int AS n, EXTRACT(EPOCH FROM (now() - min(created_at)))::float8 AS age
+         FROM settlement_outbox WHERE network = $1 AND state IN ('signed', 'broadcast') GROUP BY signer, state`,
         [network],
       );
-      const bySigner = await db.query<{ signer: string; n: number }>(
-        `SELECT signer, count(*)::int AS n FROM settlement_outbox WHERE network = $1 AND state IN ('signed', 'broadcast') GROUP BY signer`,
-        [network],
-      );
-      return {
-        states: Object.fromEntries(states.map((s) => [s.state, s.n])),
-        oldestOpenSeconds: oldest?.age ?? 0,
-        pendingBySigner: Object.fromEntries(bySigner.map((s) => [s.signer, s.n])),
-      };
+      const states: Record<string, number> = { signed: 0, broadcast: 0 };
+      const pendingBySigner: Record<string, number> = {};
+      let oldestOpenSeconds = 0;
+      for (const r of open) {
+        states[r.state] = (states[r.state] ?? 0) + r.n;
+        pendingBySigner[r.signer] = (pendingBySigner[r.signer] ?? 0) + r.n;
+        oldestOpenSeconds = Math.max(oldestOpenSeconds, r.age);
+      }
+      if (settled) {
+        const rows = await db.query<{ state: string; n: number }>(`SELECT state, count(*)::int AS n FROM settlement_outbox WHERE network = $1 AND state NOT IN ('signed', 'broadcast') GROUP BY state`, [network]);
+        for (const r of rows) states[r.state] = r.n;
+      }
+      return { states, oldestOpenSeconds, pendingBySigner };
     },
   };
 }
