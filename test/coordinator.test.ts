@@ -460,3 +460,26 @@ describe("outbox gauges", () => {
     expect((await store.stats(true)).states).toEqual({ signed: 1, broadcast: 1, confirmed: 1 });
   });
 });
+
+describe("nonce counter", () => {
+  it("a fresh key's first burst reads its chain nonce once and takes contiguous nonces from it", async () => {
+    const store = createSettlementStore(db, "eip155:434343");
+    const signer = "0x00000000000000000000000000000000000000b2" as const;
+    let reads = 0;
+    const chainNonce = async () => {
+      reads++;
+      await new Promise((r) => setTimeout(r, 50)); // an RPC round trip: the burst arrives meanwhile
+      return 7;
+    };
+    const rows = await Promise.all(
+      Array.from({ length: 40 }, (_, i) =>
+        store.allocateAndStore({ paymentId: `seed-${i}`, signer, to: signer, data: "0x", gas: 21_000n, maxFeePerGas: 1n, maxPriorityFeePerGas: 1n }, chainNonce, async (n) => ({
+          raw: `0x${n.toString(16).padStart(2, "0")}`,
+          hash: `0x${(1000n + n).toString(16).padStart(64, "0")}`,
+        })),
+      ),
+    );
+    expect(reads).toBe(1);
+    expect(rows.map((r) => Number(r.nonce)).sort((a, b) => a - b)).toEqual(Array.from({ length: 40 }, (_, i) => 7 + i));
+  });
+});

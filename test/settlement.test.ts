@@ -7,7 +7,6 @@ import { privateKeyToAccount } from "viem/accounts";
 import { ENGINES, startRig, type Rig } from "./helpers/settlement-rig.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { postJson } from "./helpers/payments.ts";
-import { metricSum } from "./helpers/onchain.ts";
 import { startTcpProxy } from "./helpers/tcp-proxy.ts";
 
 let rig: Rig | undefined;
@@ -39,8 +38,6 @@ describe.each(ENGINES)("settlement engine (%s store)", (engine) => {
       if (keys > 1) expect(nonces.length).toBeGreaterThan(10); // spread across the keys
     }
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(2000n);
-    // A fresh key's counter is seeded from one read of its chain nonce, shared by the whole burst.
-    expect(await metricSum(f.adminUrl, "x402_rpc_requests_total", { method: "eth_getTransactionCount" })).toBe(keys);
   });
 
   it("a retry after success returns success with the original transaction; concurrent duplicates settle once", async () => {
