@@ -483,3 +483,25 @@ describe("nonce counter", () => {
     expect(rows.map((r) => Number(r.nonce)).sort((a, b) => a - b)).toEqual(Array.from({ length: 40 }, (_, i) => 7 + i));
   });
 });
+
+describe("open outbox", () => {
+  it("keys take turns: one key's backlog never hides another key's lowest nonces past the limit; each key's unsent rows come first", async () => {
+    const store = createSettlementStore(db, "eip155:454545");
+    const [old, fresh] = ["0x00000000000000000000000000000000000000c1", "0x00000000000000000000000000000000000000c2"] as const;
+    const add = (signer: `0x${string}`, i: number, seed: number) =>
+      store.allocateAndStore({ paymentId: `turns-${signer}-${i}`, signer, to: signer, data: "0x", gas: 21_000n, maxFeePerGas: 1n, maxPriorityFeePerGas: 1n }, async () => seed, async (n) => ({
+        raw: `0x${n.toString(16).padStart(2, "0")}`,
+        hash: `0x${signer.slice(-2)}${n.toString(16).padStart(62, "0")}`,
+      }));
+    const oldRows = [await add(old, 0, 50_000), await add(old, 1, 50_000)];
+    await store.markBroadcast(oldRows[0]!.id); // the old key: 50000 broadcast, 50001 unsent
+    for (let i = 0; i < 5; i++) await store.markBroadcast((await add(fresh, i, 0)).id); // the new key: 0..4 broadcast
+    const listed = await store.openOutbox([old, fresh], 4);
+    expect(listed.map((r) => [r.signer, r.nonce, r.state])).toEqual([
+      [old, "50001", "signed"],
+      [fresh, "0", "broadcast"],
+      [old, "50000", "broadcast"],
+      [fresh, "1", "broadcast"],
+    ]);
+  });
+});

@@ -77,7 +77,7 @@ describe.each(ENGINES)("shared receipt waits (%s store)", (engine) => {
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(55n);
   });
 
-  it("a backlog in the node's pool: one pending-nonce read per pass, not a lookup per transaction; priced at the market, nothing is replaced; a gap the node lost is filled with the stored bytes", async () => {
+  it("a backlog in the node's pool: one pending-nonce read per pass, not a lookup per transaction; behind the key's lowest, nothing priced at the market is replaced; a gap of several lost transactions is filled with the stored bytes", async () => {
     rig = await startRig({ engine });
     // Due a replacement after 1 s, and checked against the pool after 5 s: both happen while the backlog waits.
     const f = await rig.facilitator({ receiptTimeoutMs: 60_000, replaceAfterMs: 1000 });
@@ -86,19 +86,25 @@ describe.each(ENGINES)("shared receipt waits (%s store)", (engine) => {
     const bodies = [];
     for (let i = 1; i <= n; i++) bodies.push(await rig.payment(BigInt(i)));
     const answers = bodies.map((b) => postJson(`${f.url}/settle`, b));
-    const pooled = async () => Object.fromEntries(Object.values((await rig!.test.getTxpoolContent()).pending).flatMap((byNonce) => Object.entries(byNonce).map(([nonce, t]) => [nonce, t.hash])));
+    // The node's pool, ready and queued behind a gap alike: nonce → hash.
+    const pooled = async () => {
+      const pool = await rig!.test.getTxpoolContent();
+      return Object.fromEntries([...Object.values(pool.pending), ...Object.values(pool.queued)].flatMap((byNonce) => Object.entries(byNonce).map(([nonce, t]) => [nonce, t.hash])));
+    };
     await eventually(async () => (Object.keys(await pooled()).length === n ? true : undefined), 400, 25);
     const sent = await pooled();
-    // The node loses one from the middle: every later nonce of the key waits behind the gap.
-    await rpc(rig.anvil.rpcUrl, "anvil_dropTransaction", [sent["4"]]);
+    // Only the lowest (nonce 0, the one the rest wait on) may be replaced on the bump schedule.
+    const behind = (pool: Record<string, string>) => Object.fromEntries(Object.entries(pool).filter(([nonce]) => nonce !== "0"));
+    // The node loses the transaction at nonce 3, and anvil drops every later one of the key with it:
+    // seven lost in a row, as a node restart or a balancer's other backend would lose them.
+    await rpc(rig.anvil.rpcUrl, "anvil_dropTransaction", [sent["3"]]);
+    expect(Object.keys(await pooled()).sort()).toEqual(["0", "1", "2"]);
     const counts0 = await metricSum(f.adminUrl, "x402_rpc_requests_total", { method: "eth_getTransactionCount" });
     // Passes run once a second; the gap is found once the transactions are 5 s old, and filled.
     await eventually(async () => (Object.keys(await pooled()).length === n ? true : undefined), 200, 100);
-    expect(await pooled()).toEqual(sent); // the very bytes stored: same hashes, nothing re-signed
+    expect(behind(await pooled())).toEqual(behind(sent)); // the very bytes stored: same hashes, nothing re-signed
     await new Promise((r) => setTimeout(r, 2500)); // more passes over the backlog, each past its replacement time
-    expect(await pooled()).toEqual(sent);
-    expect(await metricSum(f.adminUrl, "x402_settlement_replacement_capped_total")).toBe(0);
-    expect(await lookups(f.adminUrl)).toBe(0);
+    expect(behind(await pooled())).toEqual(behind(sent));
     // One read per pass for the key, not one per transaction (10 here): a bound that holds at any machine speed.
     const passes = (await metricSum(f.adminUrl, "x402_rpc_requests_total", { method: "eth_getTransactionCount" })) - counts0;
     expect(passes).toBeGreaterThan(0);
@@ -106,9 +112,9 @@ describe.each(ENGINES)("shared receipt waits (%s store)", (engine) => {
     await rig.test.mine({ blocks: 1 });
     await rig.test.setAutomine(true);
     const results = await Promise.all(answers);
-    const minedUnder = results.map((r) => r.json.transaction);
     for (const r of results) expect(r.json, r.text).toMatchObject({ success: true });
-    expect(new Set(minedUnder)).toEqual(new Set(Object.values(sent)));
+    const minedUnder = new Set(results.map((r) => r.json.transaction));
+    for (const hash of Object.values(behind(sent))) expect(minedUnder.has(hash)).toBe(true);
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(BigInt((n * (n + 1)) / 2));
   });
 

@@ -163,6 +163,9 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   const poll = opts.pollIntervalMs ?? 100;
   // Hashes this process sent, so receipt waits need not ask the store on every poll.
   const sent = new Map<string, Pick<OutboxRow, "id" | "hashes"> & { signer?: Address; transfer?: string; until: number }>();
+  // The same entries by outbox row: a fee replacement sent from this process adds its hash to the
+  // wait that follows the row, which otherwise would watch only the hashes it started with.
+  const sentById = new Map<string, Pick<OutboxRow, "hashes">>();
   // Account classification (code or none) changes rarely: read it once per short window.
   const codeCache = new Map<string, { code: Hex | undefined; until: number }>();
   const CODE_TTL_MS = 10_000;
@@ -302,6 +305,8 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       if (!(sync && (await sendSync(row)))) await client.sendRawTransaction({ serializedTransaction: row.raw_tx });
       // A receipt that came with the send is recorded by the receipt wait straight away (signed → confirmed).
       if (!syncReceipts.has(row.hash)) await opts.store.markBroadcast(row.id);
+      const waiting = sentById.get(row.id);
+      if (waiting && row.hashes && row.hashes.length > waiting.hashes.length) waiting.hashes = row.hashes;
       return "sent";
     } catch (e) {
       const outcome = classifySendError(e);
@@ -472,11 +477,14 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       if (sent.size > 10_000) {
         // Entries are removed by the receipt wait; this bounds the rare leftovers.
         sent.clear();
+        sentById.clear();
         unminedTransfers.clear();
       }
       const transfer = kind === "eip3009_transfer" ? transferKey(args.to, args.data) : undefined;
       if (transfer) unminedTransfers.set(transfer, (unminedTransfers.get(transfer) ?? 0) + 1);
-      sent.set(row.hash, { id: row.id, hashes: row.hashes, signer: account.address, transfer, until: Date.now() + opts.receiptTimeoutMs });
+      const watched = { id: row.id, hashes: row.hashes, signer: account.address, transfer, until: Date.now() + opts.receiptTimeoutMs };
+      sent.set(row.hash, watched);
+      sentById.set(row.id, watched);
       awaitingReceipt = true; // the key stays busy until its receipt wait ends
       return row.hash;
     } finally {
@@ -591,6 +599,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
           else unminedTransfers.delete(mine.transfer);
         }
         sent.delete(args.hash);
+        if (mine) sentById.delete(mine.id);
       }
     },
 

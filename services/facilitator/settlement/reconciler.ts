@@ -49,6 +49,9 @@ const AWAITED_CHECK_S = 5;
 /** How often the outbox gauges of settled states (confirmed, reverted, dropped) are counted again. */
 const SETTLED_STATS_MS = 10_000;
 
+/** Transactions from the node's pending nonce on that one pass sends again. */
+const RESEND_WINDOW = 64n;
+
 /** Open transactions a pass works on at once. */
 const PASS_CONCURRENCY = 16;
 
@@ -69,7 +72,11 @@ export function startReconciler(opts: ReconcilerOptions) {
     // transaction of its key waits behind. The rows' RPC round trips overlap, a few at a time: one
     // after another, a burst's thousand open transactions took minutes per pass at 25 ms a call.
     const rows = await store.openOutbox(signer.getAddresses());
-    const view: PassView = { pending: new Map(), fees: undefined };
+    const view: PassView = { pending: new Map(), fees: undefined, lowest: new Map() };
+    for (const tx of rows) {
+      const nonce = BigInt(tx.nonce);
+      if (nonce < (view.lowest.get(tx.signer) ?? nonce + 1n)) view.lowest.set(tx.signer, nonce);
+    }
     let next = 0;
     const worker = async () => {
       for (let i = next++; i < rows.length; i = next++) {
@@ -91,6 +98,8 @@ export function startReconciler(opts: ReconcilerOptions) {
     /** Per key, the node's next nonce counting its pool: the first nonce it lacks (undefined: no answer, ask next pass). */
     pending: Map<string, Promise<bigint | undefined>>;
     fees: Promise<MarketFees> | undefined;
+    /** Per key, its lowest open nonce: the transaction every later one of the key waits on. */
+    lowest: Map<string, bigint>;
   }
   const pendingNonce = (view: PassView, address: `0x${string}`) => {
     let p = view.pending.get(address);
@@ -100,17 +109,29 @@ export function startReconciler(opts: ReconcilerOptions) {
 
   async function reconcile(tx: OutboxRow, view: PassView): Promise<void> {
     const dueReplacement = tx.age_seconds >= replaceAfter * tx.hashes.length;
-    // Only a transaction priced under the market is worth replacing: one priced at it waits for
-    // something fees do not buy (an earlier nonce of its key, a full block), and a replacement
-    // would only cost a signature and a send (a burst's backlog would be re-signed, row by row).
-    const worthReplacing = async () => dueReplacement && underpriced(tx, await (view.fees ??= signer.marketFees()));
+    const nonce = BigInt(tx.nonce);
+    const blocking = nonce === view.lowest.get(tx.signer);
+    // The transaction its key's later ones wait on is replaced on the bump schedule once due (a node
+    // may accept fees the block builders do not). One behind it is replaced only when priced under
+    // the market: otherwise it waits for the one before it, not for fees, and a replacement would
+    // only cost a signature and a send (a burst's backlog re-signed row by row). A fee read that
+    // fails is no reason to replace.
+    const worthReplacing = async () =>
+      dueReplacement && (blocking || (await (view.fees ??= signer.marketFees()).then((market) => underpriced(tx, market), () => false)));
     // A transaction a receipt wait of this process is watching is left to it: a lookup per pass of
     // every transaction of a burst would double the receipt calls.
     if (tx.state === "broadcast" && signer.awaited(tx.hash) && !(await worthReplacing())) {
-      // Still, one that stays unmined a while is checked against the node's pool: a node that lost
-      // it leaves a gap every later nonce of the key waits behind. One read per key and pass (the
-      // first nonce the node lacks), not a lookup per transaction.
-      if (tx.age_seconds >= AWAITED_CHECK_S && BigInt(tx.nonce) === (await pendingNonce(view, tx.signer))) await handle(tx, await signer.send(tx));
+      // Still, once unmined a while it is checked against the node's pool: a node that lost it
+      // leaves a gap every later nonce of the key waits behind. One read per key and pass (the
+      // first nonce the node lacks), not a lookup per transaction: the rows from that nonce on are
+      // sent again with their stored bytes (the node answers "already known" for those it has), a
+      // window at a time (a lagging node behind a balancer would otherwise get the whole backlog).
+      // Where that read fails, or the node counts transactions queued behind a gap, the key's
+      // lowest open transaction is looked up by hash.
+      if (tx.age_seconds < AWAITED_CHECK_S) return;
+      const pending = await pendingNonce(view, tx.signer);
+      const missing = (pending !== undefined && nonce >= pending && nonce < pending + RESEND_WINDOW) || (blocking && !(await chain.client.getTransaction({ hash: tx.hash }).catch(() => undefined)));
+      if (missing) await handle(tx, await signer.send(tx));
       return;
     }
     const mined = await findMined(chain, tx.hashes, opts.confirmations);

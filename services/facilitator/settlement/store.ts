@@ -725,10 +725,17 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       return (await db.query<OutboxRow>(`SELECT ${OUTBOX_COLUMNS} FROM settlement_outbox WHERE network = $1 AND $2 = ANY(hashes)`, [network, hash]))[0];
     },
 
-    /** Open transactions of the given keys (a process can only drive transactions it can sign): unsent ones first, then by nonce. */
+    /**
+     * Open transactions of the given keys (a process can only drive transactions it can sign): each
+     * key's unsent ones first, then by nonce, the keys taking turns, so one key's backlog never
+     * hides another key's lowest nonces past the limit.
+     */
     async openOutbox(signers: readonly string[], limit = 500): Promise<OutboxRow[]> {
       return db.query<OutboxRow>(
-        `SELECT ${OUTBOX_COLUMNS} FROM settlement_outbox WHERE network = $1 AND state IN ('signed', 'broadcast') AND signer = ANY($2) ORDER BY state = 'broadcast', nonce, id LIMIT $3`,
+        `SELECT ${OUTBOX_COLUMNS} FROM (
+           SELECT *, row_number() OVER (PARTITION BY signer ORDER BY state = 'broadcast', nonce) AS turn
+           FROM settlement_outbox WHERE network = $1 AND state IN ('signed', 'broadcast') AND signer = ANY($2)
+         ) o ORDER BY turn, id LIMIT $3`,
         [network, signers, limit],
       );
     },
