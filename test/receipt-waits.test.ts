@@ -5,7 +5,7 @@ import { afterEach, describe, expect, it } from "vitest";
 import { ENGINES, startRig, type Rig } from "./helpers/settlement-rig.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { postJson } from "./helpers/payments.ts";
-import { eventually, metricSum, rpc } from "./helpers/onchain.ts";
+import { eventually, metricSum, publicClient, rpc } from "./helpers/onchain.ts";
 
 let rig: Rig | undefined;
 afterEach(async () => {
@@ -116,6 +116,33 @@ describe.each(ENGINES)("shared receipt waits (%s store)", (engine) => {
     const minedUnder = new Set(results.map((r) => r.json.transaction));
     for (const hash of Object.values(behind(sent))) expect(minedUnder.has(hash)).toBe(true);
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(BigInt((n * (n + 1)) / 2));
+  });
+
+  it("a receipt wait follows a fee replacement sent from its process: the request that sent the payment answers with the replacement's hash once it mines, well before its bound", async () => {
+    rig = await startRig({ engine });
+    const f = await rig.facilitator({ receiptTimeoutMs: 40_000, replaceAfterMs: 300 });
+    await rig.test.setAutomine(false);
+    const started = Date.now();
+    const answer = postJson(`${f.url}/settle`, await rig.payment(23n));
+    const pooled = async () => { const p = await rig!.test.getTxpoolContent(); return [...Object.values(p.pending), ...Object.values(p.queued)].flatMap((byNonce) => Object.values(byNonce).map((t) => t.hash)); };
+    const [first] = await eventually(async () => ((await pooled()).length === 1 ? await pooled() : undefined), 400, 25);
+    // Blocks priced above the first attempt: only a replacement (same nonce, higher fees) can be
+    // included, and once one is, the pool is empty.
+    await eventually(async () => {
+      await rig!.test.setNextBlockBaseFeePerGas({ baseFeePerGas: 1000n * 10n ** 9n });
+      await rig!.test.mine({ blocks: 1 });
+      return (await pooled()).length === 0 ? true : undefined;
+    }, 100, 100);
+    await rig.test.setAutomine(true);
+    const r = await answer;
+    expect(r.json, r.text).toMatchObject({ success: true });
+    const mined = r.json.transaction as `0x${string}`;
+    expect(mined).not.toBe(first);
+    const receipt = await publicClient(rig.anvil.rpcUrl).getTransactionReceipt({ hash: mined });
+    expect(receipt.status).toBe("success");
+    // Answered by the wait itself, not from the record once the wait's 40 s bound ran out.
+    expect(Date.now() - started).toBeLessThan(25_000);
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(23n);
   });
 
   it("a transaction left to its receipt wait that the node lost is sent again while the wait still runs", async () => {
