@@ -456,7 +456,14 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
         fail(kind, GAS_BUDGET_EXHAUSTED, `the ${kind} transaction may cost up to ${worst} wei, more than the ${ctx.gas.remaining()} wei left of the API key's gas budget for today; nothing was sent`);
       }
       const entry = { paymentId, claimOwner: ctx?.owner, signer: account.address, to: args.to, data: args.data, gas, kind, value, maxFeePerGas: fee.maxFeePerGas, maxPriorityFeePerGas: fee.maxPriorityFeePerGas };
-      let row = await opts.store.allocateAndStore(entry, () => client.getTransactionCount({ address: account.address, blockTag: "pending" }), (nonce) => sign(account, { ...entry, nonce }));
+      // A fresh key's seed read is shared by the settlements waiting on it (store.ts): a provider
+      // failure there counts against each of them, so each answers 503, not a failed payment.
+      let row = await opts.store
+        .allocateAndStore(entry, () => client.getTransactionCount({ address: account.address, blockTag: "pending" }), (nonce) => sign(account, { ...entry, nonce }))
+        .catch((e: unknown) => {
+          noteRpcFailure(e);
+          throw e;
+        });
       crash("after_store", opts.crashAt);
       for (let attempt = 0; ; attempt++) {
         const outcome = await send(row, true);
