@@ -88,3 +88,87 @@ describe("ChainClient.rpc", () => {
     expect((error as Error).message.split("\n")[0]).toBe((viaViem as Error).message.split("\n")[0]);
   });
 });
+
+describe("ChainClient.rpc batches", () => {
+  const call = (n: number) => ({ to: "0x0000000000000000000000000000000000000001", data: `0x${n.toString(16).padStart(2, "0")}` }) as const;
+  const requestsOf = (p: RpcFaultProxy) => ({ ...p.requests });
+  const since = (p: RpcFaultProxy, before: { total: number; batches: number }) => ({ total: p.requests.total - before.total, batches: p.requests.batches - before.batches });
+
+  it("sends calls made together as one round trip, each with its own answer: a revert stays that call's", async () => {
+    const metrics = createMetrics("facilitator");
+    const chain = createChainClient({ chainId: CHAIN_ID, rpcUrls: [second.url], metrics });
+    const before = requestsOf(second);
+    const results = await Promise.allSettled([chain.rpc("eth_chainId", []), chain.rpc("eth_call", [call(1), "latest"]), chain.rpc("eth_call", [REVERTING_CALL, "latest"]), chain.rpc("eth_getBalance", ["0x0000000000000000000000000000000000000002", "latest"])]);
+    expect(since(second, before)).toEqual({ total: 1, batches: 1 });
+    expect(results[0]).toEqual({ status: "fulfilled", value: `0x${CHAIN_ID.toString(16)}` });
+    expect(results[1]).toEqual({ status: "fulfilled", value: await chain.client.request({ method: "eth_call", params: [call(1), "latest"] }) });
+    expect(results[2]!.status).toBe("rejected");
+    const revert = (results[2] as PromiseRejectedResult).reason;
+    expect(revert).toBeInstanceOf(RpcRequestError);
+    expect(isRpcUnavailable(revert)).toBe(false);
+    expect(results[3]).toEqual({ status: "fulfilled", value: "0x0" });
+    expect(await requests(metrics)).toMatch(/method="batch",result="rpc_error"[^}]*\} 1/);
+  });
+
+  it("sends at most rpcMaxBatch calls per round trip, and a lone call as a plain request", async () => {
+    const chain = createChainClient({ chainId: CHAIN_ID, rpcUrls: [second.url], rpcMaxBatch: 4 });
+    let before = requestsOf(second);
+    const answers = await Promise.all(Array.from({ length: 10 }, (_, i) => chain.rpc("eth_call", [call(i), "latest"])));
+    expect(answers).toHaveLength(10);
+    expect(since(second, before)).toEqual({ total: 3, batches: 3 }); // 4 + 4 + 2
+    before = requestsOf(second);
+    await chain.rpc("eth_chainId", []);
+    expect(since(second, before)).toEqual({ total: 1, batches: 0 });
+    // rpcMaxBatch 1: never a batch.
+    const single = createChainClient({ chainId: CHAIN_ID, rpcUrls: [second.url], rpcMaxBatch: 1 });
+    before = requestsOf(second);
+    await Promise.all([single.rpc("eth_chainId", []), single.rpc("eth_chainId", [])]);
+    expect(since(second, before)).toEqual({ total: 2, batches: 0 });
+  });
+
+  it("never batches a call whose answer may take long (a synchronous send waits for its block)", async () => {
+    const chain = createChainClient({ chainId: CHAIN_ID, rpcUrls: [second.url] });
+    const before = requestsOf(second);
+    await Promise.allSettled([chain.rpc("eth_sendRawTransaction", ["0x00"]), chain.rpc("eth_chainId", [])]);
+    expect(since(second, before)).toEqual({ total: 2, batches: 0 });
+  });
+
+  it("an endpoint that refuses batches gets its calls one by one, every call answered", async () => {
+    first.configure({ batches: "refuse" });
+    const chain = createChainClient({ chainId: CHAIN_ID, rpcUrls: [first.url] });
+    let before = requestsOf(first);
+    const answers = await Promise.all([chain.rpc("eth_chainId", []), chain.rpc("eth_call", [call(2), "latest"]), chain.rpc("eth_chainId", [])]);
+    expect(answers[0]).toBe(`0x${CHAIN_ID.toString(16)}`);
+    expect(answers[2]).toBe(`0x${CHAIN_ID.toString(16)}`);
+    expect(since(first, before)).toEqual({ total: 4, batches: 1 }); // the refused batch, then each call
+    before = requestsOf(first);
+    await Promise.all([chain.rpc("eth_chainId", []), chain.rpc("eth_chainId", [])]);
+    expect(since(first, before)).toEqual({ total: 2, batches: 0 }); // no batch tried again meanwhile
+    first.configure({});
+  });
+
+  it("a call the batch's answer leaves out is the RPC not answering: tried again, noted if never answered", async () => {
+    first.configure({ batches: "omit_last" });
+    const chain = createChainClient({ chainId: CHAIN_ID, rpcUrls: [first.url] });
+    const watches: RpcWatch[] = [{ failed: false }, { failed: false }];
+    // The retry of the omitted call goes alone (a plain request), so it is answered.
+    const answers = await Promise.all([chain.rpc("eth_chainId", [], watches[0]), chain.rpc("eth_blockNumber", [], watches[1])]);
+    expect(answers[0]).toBe(`0x${CHAIN_ID.toString(16)}`);
+    expect(answers[1]).toMatch(/^0x[0-9a-f]+$/);
+    expect(watches.map((w) => w.failed)).toEqual([false, false]);
+    first.configure({});
+  });
+
+  it("a batch nobody answered fails each of its calls as unavailable, or passes them to the next endpoint", async () => {
+    first.configure({ rate: 1, kinds: ["http_503"] });
+    const alone = createChainClient({ chainId: CHAIN_ID, rpcUrls: [first.url] });
+    const watch: RpcWatch = { failed: false };
+    const errors = await Promise.all([alone.rpc("eth_chainId", [], watch).catch((e: unknown) => e), alone.rpc("eth_blockNumber", []).catch((e: unknown) => e)]);
+    for (const e of errors) expect(isRpcUnavailable(e)).toBe(true);
+    expect(watch.failed).toBe(true);
+    const withFallback = createChainClient({ chainId: CHAIN_ID, rpcUrls: [first.url, second.url] });
+    const answers = await Promise.all([withFallback.rpc("eth_chainId", []), withFallback.rpc("eth_chainId", [])]);
+    expect(answers).toEqual([`0x${CHAIN_ID.toString(16)}`, `0x${CHAIN_ID.toString(16)}`]);
+    first.configure({});
+  });
+});

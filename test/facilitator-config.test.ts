@@ -43,4 +43,12 @@ describe("signer sources", () => {
   it("refuses an upto facilitator address that is not one of the keys", () => {
     expect(() => resolveFacilitatorConfig({ network: "eip155:8453", rpcUrls: [rig.anvil.rpcUrl], signerKeyFile: rig.keyFile, uptoFacilitatorAddress: "0x1111111111111111111111111111111111111111" })).toThrow(/is not one of the signer keys/);
   });
+
+  it("batches RPC reads by X402_RPC_MAX_BATCH (10 by default), refusing a size that is not 1 to 1000 by name", () => {
+    const base = { network: "eip155:8453", rpcUrls: [rig.anvil.rpcUrl], signerKeyFile: rig.keyFile };
+    expect(resolveFacilitatorConfig(base).rpcMaxBatch).toBe(10);
+    expect(resolveFacilitatorConfig(base, facilitatorConfigFromEnv({ X402_RPC_MAX_BATCH: "1" })).rpcMaxBatch).toBe(1);
+    expect(() => resolveFacilitatorConfig(base, facilitatorConfigFromEnv({ X402_RPC_MAX_BATCH: "0" }))).toThrow(/rpcMaxBatch/);
+    expect(() => facilitatorConfigFromEnv({ X402_RPC_MAX_BATCH: "ten" })).toThrow(/X402_RPC_MAX_BATCH/);
+  });
 });

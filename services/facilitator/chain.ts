@@ -17,6 +17,8 @@ export interface ChainClientOptions {
   /** How often receipts and blocks are polled, in ms. */
   pollingIntervalMs?: number;
   rpcTimeoutMs?: number;
+  /** Calls sent together as one JSON-RPC batch at most (1: never batch). */
+  rpcMaxBatch?: number;
 }
 
 export interface ChainClient {
@@ -153,28 +155,90 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
     pollingInterval: opts.pollingIntervalMs ?? 250,
   }) as PublicClient;
 
-  /** One round trip to one endpoint: its result, or the error viem's transport would raise. */
-  async function once(endpoint: (typeof endpoints)[number], request: { method: string }, body: string): Promise<unknown> {
-    let res: Awaited<ReturnType<typeof endpoint.post>>;
+  type Endpoint = (typeof endpoints)[number];
+  interface Call {
+    request: { id: number; method: string };
+    body: string;
+  }
+
+  /** One HTTP round trip to one endpoint; transport failures as viem's transport raises them. */
+  async function post(endpoint: Endpoint, body: string, method: string, request: RequestBody) {
     try {
-      res = await endpoint.post(body, request.method, { timeoutMs });
+      return await endpoint.post(body, method, { timeoutMs });
     } catch (e) {
       const code = (e as { code?: string }).code;
       if (code === "UND_ERR_HEADERS_TIMEOUT" || code === "UND_ERR_BODY_TIMEOUT") throw new TimeoutError({ body: request, url: endpoint.url });
       throw new HttpRequestError({ body: request, cause: e as Error, details: (e as Error).message, url: endpoint.url });
     }
-    let reply: { result?: unknown; error?: { code: number; message: string } };
-    try {
-      reply = JSON.parse(res.text) as typeof reply;
-    } catch {
-      reply = {};
-    }
-    if (res.status < 200 || res.status >= 300 || typeof reply !== "object" || reply === null || !("result" in reply || "error" in reply)) {
-      throw new HttpRequestError({ body: request, details: res.text.slice(0, 200), status: res.status, url: endpoint.url });
-    }
-    if (reply.error) throw new RpcRequestError({ body: request, error: reply.error, url: endpoint.url });
-    return reply.result;
   }
+
+  /** A call's result from its JSON-RPC answer, or the error viem's transport would raise for it. */
+  function resultOf(endpoint: Endpoint, call: Call, status: number, reply: unknown, text: string): unknown {
+    const answer = reply as { result?: unknown; error?: { code: number; message: string } } | null;
+    if (status < 200 || status >= 300 || typeof answer !== "object" || answer === null || !("result" in answer || "error" in answer)) {
+      throw new HttpRequestError({ body: call.request, details: text.slice(0, 200), status, url: endpoint.url });
+    }
+    if (answer.error) throw new RpcRequestError({ body: call.request, error: answer.error, url: endpoint.url });
+    return answer.result;
+  }
+
+  /** One call in its own round trip. */
+  async function once(endpoint: Endpoint, call: Call): Promise<unknown> {
+    const res = await post(endpoint, call.body, call.request.method, call.request);
+    return resultOf(endpoint, call, res.status, parseJson(res.text), res.text);
+  }
+
+  // Calls made in the same turn of the event loop (concurrent verifications) share one round trip
+  // to an endpoint as a JSON-RPC batch: one request to write and one answer to read instead of one
+  // per call, which at a few hundred verifications a second is most of the RPC client's CPU. Only
+  // quick reads are batched (a batch's answer waits for its slowest call), at most maxBatch per
+  // round trip; an endpoint that answers a batch with anything but an array (some refuse batches)
+  // gets its calls one by one for the next ten minutes.
+  const maxBatch = opts.rpcMaxBatch ?? DEFAULT_MAX_BATCH;
+  function createBatcher(endpoint: Endpoint) {
+    let queue: { call: Call; resolve: (v: unknown) => void; reject: (e: unknown) => void }[] = [];
+    let refusedUntil = 0;
+    const flush = () => {
+      const batch = queue;
+      queue = [];
+      if (batch.length === 1) return void once(endpoint, batch[0]!.call).then(batch[0]!.resolve, batch[0]!.reject);
+      if (batch.length > 1) void sendBatch(batch);
+    };
+    async function sendBatch(batch: typeof queue) {
+      let res: Awaited<ReturnType<typeof post>>;
+      try {
+        res = await post(endpoint, `[${batch.map((b) => b.call.body).join(",")}]`, "batch", batch.map((b) => b.call.request));
+      } catch (e) {
+        for (const b of batch) b.reject(e);
+        return;
+      }
+      const replies = parseJson(res.text);
+      if (res.status >= 200 && res.status < 300 && !Array.isArray(replies)) {
+        refusedUntil = Date.now() + BATCH_REFUSED_MS;
+        for (const b of batch) once(endpoint, b.call).then(b.resolve, b.reject);
+        return;
+      }
+      const byId = new Map<unknown, unknown>();
+      if (Array.isArray(replies)) for (const r of replies) if (r && typeof r === "object") byId.set((r as { id?: unknown }).id, r);
+      for (const b of batch) {
+        try {
+          // A call the batch's answer left out was not answered: a provider failure, as a lost round trip.
+          b.resolve(resultOf(endpoint, b.call, res.status, byId.get(b.call.request.id) ?? null, res.text));
+        } catch (e) {
+          b.reject(e);
+        }
+      }
+    }
+    return (call: Call): Promise<unknown> => {
+      if (maxBatch <= 1 || !BATCHED_METHODS.has(call.request.method) || refusedUntil > Date.now()) return once(endpoint, call);
+      return new Promise((resolve, reject) => {
+        queue.push({ call, resolve, reject });
+        if (queue.length === 1) setImmediate(flush);
+        else if (queue.length >= maxBatch) flush();
+      });
+    };
+  }
+  const batchers = new Map(endpoints.map((e) => [e, createBatcher(e)]));
 
   /**
    * A JSON-RPC call without viem's transport stack: on the verify path its retry, dedupe, timeout
@@ -185,13 +249,13 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
    */
   async function rpc<T>(method: string, params: unknown[], watch?: RpcWatch): Promise<T> {
     const request = { jsonrpc: "2.0", id: ++lastId, method, params };
-    const body = JSON.stringify(request);
+    const call: Call = { request, body: JSON.stringify(request) };
     let error: unknown;
     for (let round = 0; round < 2; round++) {
       if (round > 0) await sleep(RETRY_DELAY_MS);
       for (const endpoint of endpoints) {
         try {
-          return (await once(endpoint, request, body)) as T;
+          return (await batchers.get(endpoint)!(call)) as T;
         } catch (e) {
           error = e;
           if (isRevert(e)) break;
@@ -205,7 +269,22 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
   return { chain, client, rpc, endpoints: endpoints.map((e) => e.name) };
 }
 
+/** What viem's errors carry as the request: the call, or a batch's calls. */
+type RequestBody = NonNullable<ConstructorParameters<typeof HttpRequestError>[0]["body"]>;
+
 let lastId = 0;
+/** Calls per JSON-RPC batch: providers cap batches (some at 10 or 20 calls on small plans). */
+const DEFAULT_MAX_BATCH = 10;
+const BATCH_REFUSED_MS = 600_000;
+/** Reads that answer at once: a batch's answer waits for its slowest call (never a synchronous send). */
+const BATCHED_METHODS = new Set(["eth_call", "eth_estimateGas", "eth_getCode", "eth_getBalance", "eth_getTransactionCount", "eth_blockNumber", "eth_chainId", "eth_getBlockByNumber", "eth_maxPriorityFeePerGas", "eth_gasPrice", "eth_getTransactionReceipt"]);
+const parseJson = (text: string): unknown => {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return undefined;
+  }
+};
 const RETRY_DELAY_MS = 150;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 /** A call the node executed and reverted: the same answer from any endpoint (viem's fallback throws it too). */

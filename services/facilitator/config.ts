@@ -23,6 +23,8 @@ export interface FacilitatorConfig {
   receiptTimeoutMs: number;
   /** Bound of one RPC round trip (the transport retries once after it). */
   rpcTimeoutMs: number;
+  /** Quick reads made together go to an endpoint as one JSON-RPC batch of at most this many calls (1: never batch). */
+  rpcMaxBatch: number;
   assets: AssetInfo[];
   bodyLimit: number;
   /** Requests held at once, per action: past it a 503 with Retry-After, before any work (load shedding). */
@@ -124,6 +126,7 @@ const fileSchema = z
     receiptPollBudget: z.number().int().min(1),
     receiptTimeoutMs: z.number().int().positive(),
     rpcTimeoutMs: z.number().int().positive(),
+    rpcMaxBatch: z.number().int().min(1).max(1000),
     bodyLimit: z.number().int().positive(),
     maxVerifyInFlight: z.number().int().positive(),
     maxSettleInFlight: z.number().int().positive(),
@@ -204,6 +207,7 @@ export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorCon
     receiptPollBudget: num("X402_RECEIPT_POLL_BUDGET"),
     receiptTimeoutMs: num("X402_RECEIPT_TIMEOUT_MS"),
     rpcTimeoutMs: num("X402_RPC_TIMEOUT_MS"),
+    rpcMaxBatch: num("X402_RPC_MAX_BATCH"),
     maxVerifyInFlight: num("X402_MAX_VERIFY_IN_FLIGHT"),
     maxSettleInFlight: num("X402_MAX_SETTLE_IN_FLIGHT"),
     policy: env.X402_POLICY ? parsePolicyEnv(env.X402_POLICY) : undefined,
@@ -260,6 +264,7 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
     port: c.port ?? 4021,
     receiptTimeoutMs: c.receiptTimeoutMs ?? defaultReceiptTimeoutMs(policy),
     rpcTimeoutMs: c.rpcTimeoutMs ?? 10_000,
+    rpcMaxBatch: c.rpcMaxBatch ?? 10,
     bodyLimit: c.bodyLimit ?? 64 * 1024,
     // A 1,000-payment burst fits with room to spare; a settlement waiting for its block holds tens
     // of kilobytes, so the settle cap keeps memory well under a pod's limit.

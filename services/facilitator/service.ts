@@ -47,7 +47,7 @@ const CRASH_POINTS = new Set(["after_store", "after_broadcast"]);
 export async function startFacilitatorService(config: FacilitatorConfig, logger: Logger = createLogger("facilitator"), deps: FacilitatorDeps = {}): Promise<RunningFacilitator> {
   const log = logger.child({ network: config.network });
   const metrics = createMetrics("facilitator");
-  const chain = createChainClient({ chainId: chainIdOf(config.network), rpcUrls: config.rpcUrls, metrics, rpcTimeoutMs: config.rpcTimeoutMs });
+  const chain = createChainClient({ chainId: chainIdOf(config.network), rpcUrls: config.rpcUrls, metrics, rpcTimeoutMs: config.rpcTimeoutMs, rpcMaxBatch: config.rpcMaxBatch });
   await assertNetworkKind(chain, config.network);
   await assertChainId(chain);
   const served = networkInfo(config.network);

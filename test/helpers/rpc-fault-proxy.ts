@@ -24,6 +24,11 @@ export interface FaultPlan {
   methods?: readonly string[];
   /** Per method: the fault of its n-th call (cycled); "ok" leaves that call to the rate. */
   schedule?: Record<string, readonly (FaultKind | "ok")[]>;
+  /**
+   * What a provider does with JSON-RPC batches: "refuse" answers any batch with one error object
+   * (providers that serve single calls only), "omit_last" leaves the last call's answer out.
+   */
+  batches?: "refuse" | "omit_last";
 }
 
 export interface RpcFaultProxy {
@@ -36,6 +41,8 @@ export interface RpcFaultProxy {
   injectedByMethod: Record<string, Partial<Record<FaultKind, number>>>;
   /** Calls seen per JSON-RPC method (batch elements counted one by one). */
   calls: Record<string, number>;
+  /** HTTP requests seen (a batch is one), and how many of them were batches. */
+  requests: { total: number; batches: number };
   /** Resolves once no request has been in flight for `quietMs` (faults that lag a request settle by then). */
   idle(quietMs: number): Promise<void>;
   close(): Promise<void>;
@@ -67,6 +74,7 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
   const injected = Object.fromEntries([...FAULT_KINDS, "method_not_found"].map((k) => [k, 0])) as Record<FaultKind, number>;
   const injectedByMethod: Record<string, Partial<Record<FaultKind, number>>> = {};
   const calls: Record<string, number> = {};
+  const requests = { total: 0, batches: 0 };
   const scheduled: Record<string, number> = {};
   const sockets = new Set<Socket>();
   const timers = new Set<NodeJS.Timeout>();
@@ -132,6 +140,9 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
     const list: RpcCall[] = parsed === undefined ? [] : Array.isArray(parsed) ? parsed : [parsed];
     const methods = list.map((c) => String(c.method ?? "unknown"));
     for (const m of methods) calls[m] = (calls[m] ?? 0) + 1;
+    requests.total++;
+    if (batch) requests.batches++;
+    if (batch && plan.batches === "refuse") return send(res, 200, JSON.stringify({ jsonrpc: "2.0", id: null, error: { code: -32600, message: "batch requests are not supported" } }));
     const decision = decide(methods);
     const fault = decision?.kind;
     const faulted = (c: RpcCall) => decision?.hits(String(c.method ?? "unknown")) ?? false;
@@ -154,8 +165,10 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
     }
     const upstream = await forward(body);
     switch (fault) {
-      case undefined:
-        return send(res, upstream.status, upstream.text);
+      case undefined: {
+        const answers = batch && plan.batches === "omit_last" ? (JSON.parse(upstream.text) as unknown[]) : undefined;
+        return send(res, upstream.status, answers ? JSON.stringify(answers.filter((a) => (a as RpcCall).id !== list.at(-1)?.id)) : upstream.text);
+      }
       case "malformed_json":
         return send(res, 200, `<!doctype html>${upstream.text.slice(0, 20)}`);
       case "truncated": {
@@ -213,6 +226,7 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
     },
     injected,
     injectedByMethod,
+    requests,
     calls,
     async idle(quietMs) {
       while (inFlight > 0 || Date.now() - lastActivity < quietMs) await new Promise((r) => setTimeout(r, 25));

@@ -4,6 +4,7 @@
 import { createRequire } from "node:module";
 import { bytesToHex, getAddress, hashTypedData, hexToBytes, keccak256, recoverAddress as viemRecoverAddress, parseSignature, serializeTransaction, type Address, type Hex, type TypedDataDefinition } from "viem";
 import { privateKeyToAccount, type PrivateKeyAccount } from "viem/accounts";
+import { keccak256 as keccak256Bytes } from "./keccak.ts";
 
 interface NativeSecp256k1 {
   ecdsaRecover(sig: Uint8Array, recid: number, msg32: Uint8Array, compressed: boolean): Uint8Array;
@@ -58,7 +59,7 @@ export async function recoverSigner(hash: Hex, signature: Hex): Promise<Address>
   } catch {
     return lower(await viemRecoverAddress({ hash, signature })); // no point on the curve for this r: viem's answer (an error) stands
   }
-  return `0x${keccak256(publicKey.subarray(1)).slice(-40)}`;
+  return `0x${keccak256Bytes(publicKey.subarray(1)).slice(-40)}`;
 }
 
 const lower = (address: Address) => address.toLowerCase() as Address;
