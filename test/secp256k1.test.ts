@@ -3,7 +3,7 @@
 // bytes viem's signer makes.
 import { describe, expect, it } from "vitest";
 import { randomBytes } from "node:crypto";
-import { hexToBytes, parseTransaction, recoverAddress, recoverTransactionAddress, recoverTypedDataAddress, toHex, type Hex } from "viem";
+import { hexToBytes, parseSignature, parseTransaction, recoverAddress, recoverTransactionAddress, recoverTypedDataAddress, toHex, type Hex } from "viem";
 import { generatePrivateKey, sign, privateKeyToAccount } from "viem/accounts";
 import * as ours from "../services/facilitator/crypto/secp256k1.ts";
 import { nativeRecoveryAvailable, recoverSigner } from "../services/facilitator/crypto/secp256k1.ts";
@@ -66,6 +66,28 @@ describe("secp256k1", () => {
     }
     expect(compared).toBeGreaterThanOrEqual(4000);
     expect(recoveredSigner).toBeGreaterThanOrEqual(320 * 3); // valid, low/high-s twin, yParity form
+  });
+
+  it("signatureParts reads r, s and v as viem's parseSignature does, and refuses exactly what it throws on", async () => {
+    let refused = 0;
+    for (let i = 0; i < 100; i++) {
+      const sig = await sign({ hash: toHex(randomBytes(32)), privateKey: generatePrivateKey(), to: "hex" });
+      for (const candidate of [...variants(sig), `0x${sig.slice(2, 130)}1c` as Hex, `0x${sig.slice(2, 130)}00` as Hex, `0x${sig.slice(2, 130)}01` as Hex]) {
+        let expected: { r: bigint; s: bigint; yParity: number; v: number } | undefined;
+        try {
+          const parsed = parseSignature(candidate);
+          // viem's v where it has one, else the byte was the parity itself.
+          expected = { r: BigInt(parsed.r), s: BigInt(parsed.s), yParity: parsed.yParity!, v: parsed.v === undefined ? parsed.yParity! : Number(parsed.v) };
+        } catch {
+          expected = undefined;
+        }
+        // viem reads a longer signature by its first 64 bytes and last byte; ours takes 65 bytes only.
+        if (candidate.length !== 132 || !candidate.startsWith("0x")) expected = undefined;
+        expect(ours.signatureParts(candidate), candidate).toEqual(expected);
+        if (!expected) refused++;
+      }
+    }
+    expect(refused).toBeGreaterThanOrEqual(100 * 6); // v 29, 255, 37; r 0; s n; r > n (and malformed lengths)
   });
 
   it("the stand-ins the bundled mechanisms get for viem's recoverAddress and recoverTypedDataAddress answer as viem does", async () => {

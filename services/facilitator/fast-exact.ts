@@ -8,11 +8,11 @@
 // (outbox-signer.ts takeSimulation).
 import { startAssetContractCheck, eip3009ABI } from "@x402/evm";
 import type { PaymentPayload, PaymentRequirements, VerifyResponse } from "@x402/core/types";
-import { getAddress, getTypesForEIP712Domain, hashDomain, isAddress, isErc6492Signature, parseSignature, toFunctionSelector, toHex, type Address, type Hex } from "viem";
+import { getAddress, getTypesForEIP712Domain, hashDomain, isAddress, isErc6492Signature, toFunctionSelector, toHex, type Address, type Hex } from "viem";
 import { MULTICALL3_ADDRESS, chainIdOf } from "../x402/networks.ts";
 import { noteRpcFailure, type ChainClient, type RpcWatch } from "./chain.ts";
 import { keccak256 as keccakBytes } from "./crypto/keccak.ts";
-import { recoverSigner } from "./crypto/secp256k1.ts";
+import { recoverSigner, signatureParts } from "./crypto/secp256k1.ts";
 import type { OutboxSigner } from "./settlement/outbox-signer.ts";
 
 // Reference reason codes (@x402/evm exact facilitator).
@@ -139,10 +139,11 @@ export function createFastExactVerifier(opts: { chain: ChainClient; signer: Outb
     const assetReason = await assetCheck.await();
     if (assetReason) return { isValid: false, invalidReason: assetReason, payer };
     try {
-      const sig = parseSignature(signature);
+      // Recovery above read these parts, so they are there.
+      const sig = signatureParts(signature)!;
       // transferWithAuthorization(from, to, value, validAfter, validBefore, nonce, v, r, s): the calldata
       // the reference settlement sends, byte for byte (the key under which its simulation is kept).
-      const data: Hex = `${TRANSFER_SELECTOR}${fields}${uintWord(sig.v || BigInt(sig.yParity))}${sig.r.slice(2)}${sig.s.slice(2)}`;
+      const data: Hex = `${TRANSFER_SELECTOR}${fields}${uintWord(BigInt(sig.v))}${uintWord(sig.r)}${uintWord(sig.s)}`;
       // Simulated at the block that is provably still the head, with the gas it needs: a settlement
       // of this very call while that block is still the head reuses it instead of simulating again.
       // Plain JSON-RPC requests (chain.rpc): viem's actions and transport layers cost more CPU than the call.

@@ -2,7 +2,7 @@
 // tarball of `secp256k1`) where it loads, viem's pure-JS implementation elsewhere. Both paths give
 // the same answer for every input (a differential test proves it); the native one is ~20× faster.
 import { createRequire } from "node:module";
-import { bytesToHex, getAddress, hashTypedData, hexToBytes, keccak256, recoverAddress as viemRecoverAddress, parseSignature, serializeTransaction, type Address, type Hex, type TypedDataDefinition } from "viem";
+import { bytesToHex, getAddress, hashTypedData, hexToBytes, keccak256, recoverAddress as viemRecoverAddress, serializeTransaction, type Address, type Hex, type TypedDataDefinition } from "viem";
 import { privateKeyToAccount, type PrivateKeyAccount } from "viem/accounts";
 import { keccak256 as keccak256Bytes } from "./keccak.ts";
 
@@ -30,32 +30,41 @@ const SIGNATURE_65 = /^0x[0-9a-fA-F]{130}$/;
 const HASH_32 = /^0x[0-9a-fA-F]{64}$/;
 
 /**
+ * r, s and the recovery bit of a 65-byte hex signature (r ‖ s ‖ v), read as viem's parseSignature
+ * reads it, without its curve library: undefined where viem throws (v not 0, 1, 27 or 28; r or s
+ * not in [1, n)). `v` is the last byte as signed.
+ */
+export function signatureParts(signature: Hex): { r: bigint; s: bigint; yParity: 0 | 1; v: number } | undefined {
+  if (!SIGNATURE_65.test(signature)) return undefined;
+  const v = parseInt(signature.slice(130), 16);
+  const yParity = v === 0 || v === 27 ? 0 : v === 1 || v === 28 ? 1 : undefined;
+  const r = BigInt(`0x${signature.slice(2, 66)}`);
+  const s = BigInt(`0x${signature.slice(66, 130)}`);
+  if (yParity === undefined || r === 0n || r >= N || s === 0n || s >= N) return undefined;
+  return { r, s, yParity, v };
+}
+
+/**
  * Recovers the address that signed a 32-byte hash, in lower case; throws where viem throws. (No
  * EIP-55 checksum: callers compare, and a checksum is one more keccak per new signer.)
  */
 export async function recoverSigner(hash: Hex, signature: Hex): Promise<Address> {
-  // Only r ‖ s ‖ v in 65 bytes goes native: parseSignature would read a longer or oddly prefixed one
-  // that viem's recovery refuses (and a contract's ecrecover would never see).
-  if (!native || !SIGNATURE_65.test(signature) || !HASH_32.test(hash)) return lower(await viemRecoverAddress({ hash, signature }));
-  // parseSignature normalises v / yParity exactly as viem's own recovery does (and throws alike).
-  const { r, s, v, yParity } = parseSignature(signature);
-  let recovery = yParity ?? (v === 27n || v === 0n ? 0 : v === 28n || v === 1n ? 1 : -1);
-  if (recovery !== 0 && recovery !== 1) return lower(await viemRecoverAddress({ hash, signature }));
-  let sBig = BigInt(s);
-  const rBig = BigInt(r);
-  // Let viem decide anything outside the curve order (it throws); libsecp256k1 would reject it differently.
-  if (rBig === 0n || rBig >= N || sBig === 0n || sBig >= N) return lower(await viemRecoverAddress({ hash, signature }));
-  if (sBig > N / 2n) {
+  // Only r ‖ s ‖ v in 65 bytes goes native: viem would read a longer or oddly prefixed one that its
+  // recovery refuses (and a contract's ecrecover would never see).
+  const parts = native && HASH_32.test(hash) ? signatureParts(signature) : undefined;
+  // Anything else, a v or an r or s outside what viem parses included, is viem's to answer (it throws alike).
+  if (!native || !parts) return lower(await viemRecoverAddress({ hash, signature }));
+  let { s, yParity: recovery } = parts;
+  if (s > N / 2n) {
     // libsecp256k1 recovers low-s signatures only; (r, n - s) with the other parity is the same key.
-    sBig = N - sBig;
+    s = N - s;
     recovery ^= 1;
   }
-  const compact = new Uint8Array(64);
-  compact.set(hexToBytes(r, { size: 32 }), 0);
-  compact.set(hexToBytes(`0x${sBig.toString(16).padStart(64, "0")}`, { size: 32 }), 32);
+  // Bytes through Buffer's native hex decoding (viem's hexToBytes is a loop in JavaScript).
+  const compact = Buffer.from(`${signature.slice(2, 66)}${s.toString(16).padStart(64, "0")}`, "hex");
   let publicKey: Uint8Array;
   try {
-    publicKey = native.ecdsaRecover(compact, recovery, hexToBytes(hash, { size: 32 }), false);
+    publicKey = native.ecdsaRecover(compact, recovery, Buffer.from(hash.slice(2), "hex"), false);
   } catch {
     return lower(await viemRecoverAddress({ hash, signature })); // no point on the curve for this r: viem's answer (an error) stands
   }

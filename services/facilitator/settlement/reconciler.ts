@@ -55,6 +55,9 @@ const RESEND_WINDOW = 64n;
 /** Open transactions a pass works on at once. */
 const PASS_CONCURRENCY = 16;
 
+/** The longest an idle reconciler on the embedded engine goes without a pass all the same. */
+const QUIET_PASS_MS = 30_000;
+
 export function startReconciler(opts: ReconcilerOptions) {
   const { store, signer, chain, network, logger } = opts;
   const broadcastAfter = (opts.broadcastAfterMs ?? 2000) / 1000;
@@ -66,8 +69,14 @@ export function startReconciler(opts: ReconcilerOptions) {
   const nonceTakenAt = new Map<string, bigint>();
   let running: Promise<void> | undefined;
   let stopped = false;
+  // Where this process is the store's only writer (the embedded engine), a pass that found nothing
+  // open or watched, with every gauge counted, is followed by the next only once a transaction is
+  // stored (or QUIET_PASS_MS on): an idle facilitator otherwise spent a few milliseconds of CPU a
+  // second on queries that could find nothing. With a shared database other replicas add rows.
+  let quiet: { stored: number; at: number } | undefined;
 
   async function pass(): Promise<void> {
+    const storedBefore = store.transactionsStored();
     // Unsent transactions come first (the store orders them so): each is a nonce gap every later
     // transaction of its key waits behind. The rows' RPC round trips overlap, a few at a time: one
     // after another, a burst's thousand open transactions took minutes per pass at 25 ms a call.
@@ -89,8 +98,12 @@ export function startReconciler(opts: ReconcilerOptions) {
       }
     };
     await Promise.all(Array.from({ length: Math.min(PASS_CONCURRENCY, rows.length) }, worker));
-    await watchDepth().catch((e) => logger.warn({ err: (e as Error).name }, "could not check mined transactions for reorgs; will retry"));
-    await exportStats();
+    const watched = await watchDepth().catch((e) => {
+      logger.warn({ err: (e as Error).name }, "could not check mined transactions for reorgs; will retry");
+      return -1;
+    });
+    const countedSettled = await exportStats();
+    quiet = store.soleWriter && rows.length === 0 && watched === 0 && countedSettled ? { stored: storedBefore, at: Date.now() } : undefined;
   }
 
   /** What one pass reads once and shares between its rows. */
@@ -230,9 +243,10 @@ export function startReconciler(opts: ReconcilerOptions) {
    * Mined transactions stay watched until `confirmations` blocks deep: one whose block left the
    * canonical chain goes back to 'broadcast' with the very bytes that were mined and is sent again.
    */
-  async function watchDepth(): Promise<void> {
+  /** Checks mined transactions still within the reorg depth; how many there were. */
+  async function watchDepth(): Promise<number> {
     const watched = await store.watchedOutbox(signer.getAddresses());
-    if (watched.length === 0) return;
+    if (watched.length === 0) return 0;
     const head = await chain.client.getBlockNumber({ cacheTime: 0 });
     // One block read per block, not a receipt per transaction: a block still at its height with the
     // hash we recorded holds every transaction recorded in it.
@@ -251,6 +265,7 @@ export function startReconciler(opts: ReconcilerOptions) {
       }
       for (const tx of rows) await recheck(tx);
     }
+    return watched.length;
   }
 
   /** A transaction whose recorded block is no longer at its height: where it is now, or sent again. */
@@ -272,17 +287,20 @@ export function startReconciler(opts: ReconcilerOptions) {
 
   // Settled rows are counted every SETTLED_STATS_MS, not every pass: that count scans the network's history.
   let settledCountedAt = 0;
-  async function exportStats() {
+  /** Sets the outbox gauges; whether the settled states were counted too. */
+  async function exportStats(): Promise<boolean> {
     const settled = Date.now() - settledCountedAt >= SETTLED_STATS_MS;
     const stats = await store.stats(settled);
     if (settled) settledCountedAt = Date.now();
     for (const state of settled ? ["signed", "broadcast", "confirmed", "reverted", "dropped"] : ["signed", "broadcast"]) opts.metrics.outbox.set({ network, state }, stats.states[state] ?? 0);
     opts.metrics.pendingAge.set({ network }, stats.oldestOpenSeconds);
     for (const address of signer.getAddresses()) opts.metrics.signerPending.set({ network, signer: address }, stats.pendingBySigner[address] ?? 0);
+    return settled;
   }
 
   const timer = setInterval(() => {
     if (running || stopped) return;
+    if (quiet && store.transactionsStored() === quiet.stored && Date.now() - quiet.at < QUIET_PASS_MS) return;
     running = pass()
       .catch((e) => logger.warn({ err: (e as Error).name, message: safeMessage(e) }, "reconcile pass failed"))
       .finally(() => (running = undefined));

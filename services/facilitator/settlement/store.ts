@@ -364,8 +364,13 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       for (const q of queued) q.reject(e);
     }
   }
+  let transactionsStored = 0;
   return {
     db,
+    /** Whether this process is the store's only writer (the embedded engine): then no transaction appears that it did not store. */
+    soleWriter: db.kind === "embedded",
+    /** Transactions this process has stored so far. */
+    transactionsStored: () => transactionsStored,
 
     /** Claims a payment id for this process and this payment (its digest). Returns "claimed" for the winner, or the existing row. */
     async claim(paymentId: string, digest: string, scheme: string, payer: string | null, successExtra: Record<string, unknown>, owner: string, leaseMs: number): Promise<{ claimed: true } | { claimed: false; row: PaymentRow }> {
@@ -495,7 +500,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
         }
         seed = await read;
       }
-      return inTurn(`nonce:${entry.signer}`, () => db.transaction(async (tx) => {
+      const stored = await inTurn(`nonce:${entry.signer}`, () => db.transaction(async (tx) => {
         if (seed !== undefined) {
           await tx.query(`INSERT INTO settlement_nonces (network, signer, next_nonce) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, [network, entry.signer, seed]);
         }
@@ -525,6 +530,8 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
         );
         return row!;
       }));
+      transactionsStored++; // once committed: a reconciler that counted before reads the row
+      return stored;
     },
 
     /** Whether the key has a nonce counter; a counter is never deleted, so a key seen once is not asked again. */
