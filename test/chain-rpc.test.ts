@@ -159,13 +159,31 @@ describe("ChainClient.rpc batches", () => {
     first.configure({});
   });
 
-  it("a batch nobody answered fails each of its calls as unavailable, or passes them to the next endpoint", async () => {
+  it("answers whose ids a gateway turned into strings still reach their calls", async () => {
+    first.configure({ batches: "string_ids" });
+    const chain = createChainClient({ chainId: CHAIN_ID, rpcUrls: [first.url] });
+    const before = requestsOf(first);
+    const answers = await Promise.all([chain.rpc("eth_chainId", []), chain.rpc("eth_getBalance", ["0x0000000000000000000000000000000000000002", "latest"])]);
+    expect(answers).toEqual([`0x${CHAIN_ID.toString(16)}`, "0x0"]);
+    expect(since(first, before)).toEqual({ total: 1, batches: 1 });
+    first.configure({});
+  });
+
+  it("a batch nobody answered fails each of its calls as unavailable, each error naming its own call only, or passes them to the next endpoint", async () => {
     first.configure({ rate: 1, kinds: ["http_503"] });
     const alone = createChainClient({ chainId: CHAIN_ID, rpcUrls: [first.url] });
     const watch: RpcWatch = { failed: false };
-    const errors = await Promise.all([alone.rpc("eth_chainId", [], watch).catch((e: unknown) => e), alone.rpc("eth_blockNumber", []).catch((e: unknown) => e)]);
+    // Two payers' simulations in one batch: neither's error may quote the other's calldata.
+    const [mine, theirs] = ["0x" + "aa".repeat(40), "0x" + "bb".repeat(40)];
+    const errors = await Promise.all([
+      alone.rpc("eth_call", [{ to: "0x0000000000000000000000000000000000000001", data: mine }, "latest"], watch).catch((e: unknown) => e),
+      alone.rpc("eth_call", [{ to: "0x0000000000000000000000000000000000000001", data: theirs }, "latest"]).catch((e: unknown) => e),
+    ]);
     for (const e of errors) expect(isRpcUnavailable(e)).toBe(true);
     expect(watch.failed).toBe(true);
+    expect((errors[0] as Error).message).toContain(mine);
+    expect((errors[0] as Error).message).not.toContain(theirs);
+    expect((errors[1] as Error).message).not.toContain(mine);
     const withFallback = createChainClient({ chainId: CHAIN_ID, rpcUrls: [first.url, second.url] });
     const answers = await Promise.all([withFallback.rpc("eth_chainId", []), withFallback.rpc("eth_chainId", [])]);
     expect(answers).toEqual([`0x${CHAIN_ID.toString(16)}`, `0x${CHAIN_ID.toString(16)}`]);

@@ -161,22 +161,18 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
     body: string;
   }
 
-  /** One HTTP round trip to one endpoint; transport failures as viem's transport raises them. */
-  async function post(endpoint: Endpoint, body: string, method: string, request: RequestBody) {
-    try {
-      return await endpoint.post(body, method, { timeoutMs });
-    } catch (e) {
-      const code = (e as { code?: string }).code;
-      if (code === "UND_ERR_HEADERS_TIMEOUT" || code === "UND_ERR_BODY_TIMEOUT") throw new TimeoutError({ body: request, url: endpoint.url });
-      throw new HttpRequestError({ body: request, cause: e as Error, details: (e as Error).message, url: endpoint.url });
-    }
+  /** A failed round trip as viem's transport raises it, for one call (an error names its own call only, never a batch's others). */
+  function transportError(e: unknown, endpoint: Endpoint, call: Call): Error {
+    const code = (e as { code?: string }).code;
+    if (code === "UND_ERR_HEADERS_TIMEOUT" || code === "UND_ERR_BODY_TIMEOUT") return new TimeoutError({ body: call.request, url: endpoint.url });
+    return new HttpRequestError({ body: call.request, cause: e as Error, details: (e as Error).message, url: endpoint.url });
   }
 
   /** A call's result from its JSON-RPC answer, or the error viem's transport would raise for it. */
-  function resultOf(endpoint: Endpoint, call: Call, status: number, reply: unknown, text: string): unknown {
+  function resultOf(endpoint: Endpoint, call: Call, status: number, reply: unknown, details: string): unknown {
     const answer = reply as { result?: unknown; error?: { code: number; message: string } } | null;
     if (status < 200 || status >= 300 || typeof answer !== "object" || answer === null || !("result" in answer || "error" in answer)) {
-      throw new HttpRequestError({ body: call.request, details: text.slice(0, 200), status, url: endpoint.url });
+      throw new HttpRequestError({ body: call.request, details, status, url: endpoint.url });
     }
     if (answer.error) throw new RpcRequestError({ body: call.request, error: answer.error, url: endpoint.url });
     return answer.result;
@@ -184,16 +180,21 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
 
   /** One call in its own round trip. */
   async function once(endpoint: Endpoint, call: Call): Promise<unknown> {
-    const res = await post(endpoint, call.body, call.request.method, call.request);
-    return resultOf(endpoint, call, res.status, parseJson(res.text), res.text);
+    let res: Awaited<ReturnType<Endpoint["post"]>>;
+    try {
+      res = await endpoint.post(call.body, call.request.method, { timeoutMs });
+    } catch (e) {
+      throw transportError(e, endpoint, call);
+    }
+    return resultOf(endpoint, call, res.status, parseJson(res.text), res.text.slice(0, 200));
   }
 
   // Calls made in the same turn of the event loop (concurrent verifications) share one round trip
   // to an endpoint as a JSON-RPC batch: one request to write and one answer to read instead of one
   // per call, which at a few hundred verifications a second is most of the RPC client's CPU. Only
   // quick reads are batched (a batch's answer waits for its slowest call), at most maxBatch per
-  // round trip; an endpoint that answers a batch with anything but an array (some refuse batches)
-  // gets its calls one by one for the next ten minutes.
+  // round trip. An endpoint that answers a batch with anything but an array holding some of its
+  // answers (some refuse batches) gets its calls one by one for the next ten minutes.
   const maxBatch = opts.rpcMaxBatch ?? DEFAULT_MAX_BATCH;
   function createBatcher(endpoint: Endpoint) {
     let queue: { call: Call; resolve: (v: unknown) => void; reject: (e: unknown) => void }[] = [];
@@ -205,25 +206,27 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
       if (batch.length > 1) void sendBatch(batch);
     };
     async function sendBatch(batch: typeof queue) {
-      let res: Awaited<ReturnType<typeof post>>;
+      let res: Awaited<ReturnType<Endpoint["post"]>>;
       try {
-        res = await post(endpoint, `[${batch.map((b) => b.call.body).join(",")}]`, "batch", batch.map((b) => b.call.request));
+        res = await endpoint.post(`[${batch.map((b) => b.call.body).join(",")}]`, "batch", { timeoutMs });
       } catch (e) {
-        for (const b of batch) b.reject(e);
+        for (const b of batch) b.reject(transportError(e, endpoint, b.call));
         return;
       }
       const replies = parseJson(res.text);
-      if (res.status >= 200 && res.status < 300 && !Array.isArray(replies)) {
+      // Answers by id (as text: a proxy may turn numeric ids into strings).
+      const byId = new Map<string, unknown>();
+      if (Array.isArray(replies)) for (const r of replies) if (r && typeof r === "object") byId.set(String((r as { id?: unknown }).id), r);
+      if (res.status >= 200 && res.status < 300 && !batch.some((b) => byId.has(String(b.call.request.id)))) {
         refusedUntil = Date.now() + BATCH_REFUSED_MS;
         for (const b of batch) once(endpoint, b.call).then(b.resolve, b.reject);
         return;
       }
-      const byId = new Map<unknown, unknown>();
-      if (Array.isArray(replies)) for (const r of replies) if (r && typeof r === "object") byId.set((r as { id?: unknown }).id, r);
       for (const b of batch) {
         try {
-          // A call the batch's answer left out was not answered: a provider failure, as a lost round trip.
-          b.resolve(resultOf(endpoint, b.call, res.status, byId.get(b.call.request.id) ?? null, res.text));
+          // A call the batch's answer left out was not answered: a provider failure, as a lost round
+          // trip. Its error quotes neither the batch's other calls nor their answers.
+          b.resolve(resultOf(endpoint, b.call, res.status, byId.get(String(b.call.request.id)) ?? null, `no answer to this call in a batch of ${batch.length} (HTTP ${res.status})`));
         } catch (e) {
           b.reject(e);
         }
@@ -268,9 +271,6 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
   }
   return { chain, client, rpc, endpoints: endpoints.map((e) => e.name) };
 }
-
-/** What viem's errors carry as the request: the call, or a batch's calls. */
-type RequestBody = NonNullable<ConstructorParameters<typeof HttpRequestError>[0]["body"]>;
 
 let lastId = 0;
 /** Calls per JSON-RPC batch: providers cap batches (some at 10 or 20 calls on small plans). */

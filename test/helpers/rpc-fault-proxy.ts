@@ -26,9 +26,10 @@ export interface FaultPlan {
   schedule?: Record<string, readonly (FaultKind | "ok")[]>;
   /**
    * What a provider does with JSON-RPC batches: "refuse" answers any batch with one error object
-   * (providers that serve single calls only), "omit_last" leaves the last call's answer out.
+   * (providers that serve single calls only), "omit_last" leaves the last call's answer out,
+   * "string_ids" answers with each id turned into a string (as some gateways do).
    */
-  batches?: "refuse" | "omit_last";
+  batches?: "refuse" | "omit_last" | "string_ids";
 }
 
 export interface RpcFaultProxy {
@@ -166,8 +167,9 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
     const upstream = await forward(body);
     switch (fault) {
       case undefined: {
-        const answers = batch && plan.batches === "omit_last" ? (JSON.parse(upstream.text) as unknown[]) : undefined;
-        return send(res, upstream.status, answers ? JSON.stringify(answers.filter((a) => (a as RpcCall).id !== list.at(-1)?.id)) : upstream.text);
+        const answers = batch && (plan.batches === "omit_last" || plan.batches === "string_ids") ? (JSON.parse(upstream.text) as RpcCall[]) : undefined;
+        if (answers && plan.batches === "string_ids") return send(res, upstream.status, JSON.stringify(answers.map((a) => ({ ...a, id: String(a.id) }))));
+        return send(res, upstream.status, answers ? JSON.stringify(answers.filter((a) => a.id !== list.at(-1)?.id)) : upstream.text);
       }
       case "malformed_json":
         return send(res, 200, `<!doctype html>${upstream.text.slice(0, 20)}`);
