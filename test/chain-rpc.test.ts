@@ -169,6 +169,44 @@ describe("ChainClient.rpc batches", () => {
     first.configure({});
   });
 
+  it("a gateway that renumbers a batch's answers: no call takes another's answer (a revert stays a revert), and that endpoint gets single calls", async () => {
+    first.configure({ batches: "renumber" });
+    const chain = createChainClient({ chainId: CHAIN_ID, rpcUrls: [first.url] });
+    const results = await Promise.allSettled([chain.rpc("eth_call", [REVERTING_CALL, "latest"]), chain.rpc("eth_chainId", []), chain.rpc("eth_getBalance", ["0x0000000000000000000000000000000000000002", "latest"])]);
+    expect(results[0]!.status).toBe("rejected");
+    expect((results[0] as PromiseRejectedResult).reason).toBeInstanceOf(RpcRequestError);
+    expect(results.slice(1)).toEqual([{ status: "fulfilled", value: `0x${CHAIN_ID.toString(16)}` }, { status: "fulfilled", value: "0x0" }]);
+    const before = requestsOf(first);
+    await Promise.all([chain.rpc("eth_chainId", []), chain.rpc("eth_chainId", [])]);
+    expect(since(first, before)).toEqual({ total: 2, batches: 0 });
+    first.configure({});
+  });
+
+  it("a rate limit answered to a whole batch fails each call as unavailable (the next endpoint takes them); batches go on afterwards", async () => {
+    first.configure({ batches: "rate_limited" });
+    const alone = createChainClient({ chainId: CHAIN_ID, rpcUrls: [first.url] });
+    const answers = await Promise.all([alone.rpc("eth_chainId", []), alone.rpc("eth_blockNumber", [])]);
+    // Each call's retry went alone, and single calls are not rate limited here: answered.
+    expect(answers[0]).toBe(`0x${CHAIN_ID.toString(16)}`);
+    const withFallback = createChainClient({ chainId: CHAIN_ID, rpcUrls: [first.url, second.url] });
+    const fromSecond = second.calls.eth_chainId ?? 0;
+    expect(await Promise.all([withFallback.rpc("eth_chainId", []), withFallback.rpc("eth_chainId", [])])).toEqual([`0x${CHAIN_ID.toString(16)}`, `0x${CHAIN_ID.toString(16)}`]);
+    expect((second.calls.eth_chainId ?? 0) - fromSecond).toBe(2);
+    first.configure({});
+    const before = requestsOf(first);
+    await Promise.all([withFallback.rpc("eth_chainId", []), withFallback.rpc("eth_chainId", [])]);
+    expect(since(first, before)).toEqual({ total: 1, batches: 1 }); // no ten-minute refusal for a rate limit
+  });
+
+  it("a per-call error that may be about the batch (a size limit) is asked again alone, not taken as the call's answer", async () => {
+    first.configure({ batches: "too_large_last" });
+    const chain = createChainClient({ chainId: CHAIN_ID, rpcUrls: [first.url] });
+    const watch: RpcWatch = { failed: false };
+    expect(await Promise.all([chain.rpc("eth_chainId", []), chain.rpc("eth_call", [call(7), "latest"], watch)])).toEqual([`0x${CHAIN_ID.toString(16)}`, await chain.client.request({ method: "eth_call", params: [call(7), "latest"] })]);
+    expect(watch.failed).toBe(false);
+    first.configure({});
+  });
+
   it("a batch nobody answered fails each of its calls as unavailable, each error naming its own call only, or passes them to the next endpoint", async () => {
     first.configure({ rate: 1, kinds: ["http_503"] });
     const alone = createChainClient({ chainId: CHAIN_ID, rpcUrls: [first.url] });
@@ -185,8 +223,11 @@ describe("ChainClient.rpc batches", () => {
     expect((errors[0] as Error).message).not.toContain(theirs);
     expect((errors[1] as Error).message).not.toContain(mine);
     const withFallback = createChainClient({ chainId: CHAIN_ID, rpcUrls: [first.url, second.url] });
+    const before = requestsOf(second);
     const answers = await Promise.all([withFallback.rpc("eth_chainId", []), withFallback.rpc("eth_chainId", [])]);
     expect(answers).toEqual([`0x${CHAIN_ID.toString(16)}`, `0x${CHAIN_ID.toString(16)}`]);
+    // Calls of a batch that failed whole go on alone: neither waits on the other again.
+    expect(since(second, before)).toEqual({ total: 2, batches: 0 });
     first.configure({});
   });
 });

@@ -159,12 +159,14 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
   interface Call {
     request: { id: number; method: string };
     body: string;
+    /** Set once a batch it was in failed as a whole: its later attempts go alone, not with the same neighbours again. */
+    alone?: boolean;
   }
 
   /** A failed round trip as viem's transport raises it, for one call (an error names its own call only, never a batch's others). */
   function transportError(e: unknown, endpoint: Endpoint, call: Call): Error {
-    const code = (e as { code?: string }).code;
-    if (code === "UND_ERR_HEADERS_TIMEOUT" || code === "UND_ERR_BODY_TIMEOUT") return new TimeoutError({ body: call.request, url: endpoint.url });
+    const { code, name } = e as { code?: string; name?: string };
+    if (code === "UND_ERR_HEADERS_TIMEOUT" || code === "UND_ERR_BODY_TIMEOUT" || name === "TimeoutError") return new TimeoutError({ body: call.request, url: endpoint.url });
     return new HttpRequestError({ body: call.request, cause: e as Error, details: (e as Error).message, url: endpoint.url });
   }
 
@@ -178,11 +180,19 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
     return answer.result;
   }
 
+  /**
+   * One HTTP round trip within the call's timeout as a whole (undici's own bounds are per gap
+   * between chunks: a provider trickling its answer would hold the call without end).
+   */
+  function post(endpoint: Endpoint, body: string, method: string) {
+    return endpoint.post(body, method, { timeoutMs, signal: AbortSignal.timeout(timeoutMs) });
+  }
+
   /** One call in its own round trip. */
   async function once(endpoint: Endpoint, call: Call): Promise<unknown> {
     let res: Awaited<ReturnType<Endpoint["post"]>>;
     try {
-      res = await endpoint.post(call.body, call.request.method, { timeoutMs });
+      res = await post(endpoint, call.body, call.request.method);
     } catch (e) {
       throw transportError(e, endpoint, call);
     }
@@ -193,47 +203,88 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
   // to an endpoint as a JSON-RPC batch: one request to write and one answer to read instead of one
   // per call, which at a few hundred verifications a second is most of the RPC client's CPU. Only
   // quick reads are batched (a batch's answer waits for its slowest call), at most maxBatch per
-  // round trip. An endpoint that answers a batch with anything but an array holding some of its
-  // answers (some refuse batches) gets its calls one by one for the next ten minutes.
+  // round trip. What a batch's answer is trusted for: a result or a revert under the id of a call
+  // it holds. Anything else sends the calls again one by one, so no call's verdict ever depends on
+  // its neighbours: a batch that failed whole (its calls' next attempts go alone), an answer with
+  // an id the batch did not send or twice (a gateway renumbering calls), another per-call error (a
+  // provider's batch cap or size limit). An endpoint that answers a batch with a JSON-RPC error of
+  // its own, or with none of the batch's ids, gets single calls for the next ten minutes.
   const maxBatch = opts.rpcMaxBatch ?? DEFAULT_MAX_BATCH;
   function createBatcher(endpoint: Endpoint) {
-    let queue: { call: Call; resolve: (v: unknown) => void; reject: (e: unknown) => void }[] = [];
+    type Entry = { call: Call; resolve: (v: unknown) => void; reject: (e: unknown) => void };
+    let queue: Entry[] = [];
     let refusedUntil = 0;
+    const alone = (b: Entry) => void once(endpoint, b.call).then(b.resolve, b.reject);
     const flush = () => {
       const batch = queue;
       queue = [];
-      if (batch.length === 1) return void once(endpoint, batch[0]!.call).then(batch[0]!.resolve, batch[0]!.reject);
-      if (batch.length > 1) void sendBatch(batch);
+      if (batch.length === 1) alone(batch[0]!);
+      else if (batch.length > 1) sendBatch(batch).catch(() => batch.forEach(alone)); // (sendBatch settles every entry itself; this is the backstop)
     };
-    async function sendBatch(batch: typeof queue) {
+    async function sendBatch(batch: Entry[]) {
       let res: Awaited<ReturnType<Endpoint["post"]>>;
       try {
-        res = await endpoint.post(`[${batch.map((b) => b.call.body).join(",")}]`, "batch", { timeoutMs });
+        res = await post(endpoint, `[${batch.map((b) => b.call.body).join(",")}]`, "batch");
       } catch (e) {
-        for (const b of batch) b.reject(transportError(e, endpoint, b.call));
+        for (const b of batch) {
+          b.call.alone = true;
+          b.reject(transportError(e, endpoint, b.call));
+        }
         return;
       }
-      const replies = parseJson(res.text);
-      // Answers by id (as text: a proxy may turn numeric ids into strings).
-      const byId = new Map<string, unknown>();
-      if (Array.isArray(replies)) for (const r of replies) if (r && typeof r === "object") byId.set(String((r as { id?: unknown }).id), r);
-      if (res.status >= 200 && res.status < 300 && !batch.some((b) => byId.has(String(b.call.request.id)))) {
-        refusedUntil = Date.now() + BATCH_REFUSED_MS;
-        for (const b of batch) once(endpoint, b.call).then(b.resolve, b.reject);
+      const ok = res.status >= 200 && res.status < 300;
+      const replies = ok ? parseJson(res.text) : undefined;
+      if (!ok || replies === undefined) {
+        // Refused whole (429, 5xx) or unreadable: no answer, as a lost round trip.
+        for (const b of batch) {
+          b.call.alone = true;
+          b.reject(new HttpRequestError({ body: b.call.request, details: `a batch of ${batch.length} calls was not answered (HTTP ${res.status})`, status: res.status, url: endpoint.url }));
+        }
+        return;
+      }
+      if (!Array.isArray(replies)) {
+        // One JSON-RPC error for the whole batch: a rate limit or an outage fails each call as
+        // unavailable (the next endpoint takes them); any other error means batches are refused.
+        const error = (replies as { error?: { code?: unknown; message?: unknown } } | null)?.error;
+        const answer = { code: typeof error?.code === "number" ? error.code : -32603, message: typeof error?.message === "string" ? error.message : "batch refused" };
+        const unavailable = isRpcUnavailable(new RpcRequestError({ body: {}, error: answer, url: endpoint.url }));
+        if (!unavailable) refusedUntil = Date.now() + BATCH_REFUSED_MS;
+        for (const b of batch) {
+          b.call.alone = true;
+          if (unavailable) b.reject(new RpcRequestError({ body: b.call.request, error: answer, url: endpoint.url }));
+          else alone(b);
+        }
+        return;
+      }
+      const sent = new Map(batch.map((b) => [String(b.call.request.id), b]));
+      const answers = new Map<string, unknown>();
+      let foreign = false;
+      for (const r of replies) {
+        const id = (r as { id?: unknown } | null)?.id;
+        const key = typeof id === "number" || typeof id === "string" ? String(id) : undefined;
+        if (key === undefined || !sent.has(key) || answers.has(key)) foreign = true;
+        else answers.set(key, r);
+      }
+      if (foreign || answers.size === 0) {
+        if (answers.size === 0) refusedUntil = Date.now() + BATCH_REFUSED_MS;
+        batch.forEach(alone);
         return;
       }
       for (const b of batch) {
+        const answer = answers.get(String(b.call.request.id)) as { result?: unknown; error?: { code: number; message: string } } | undefined;
+        if (answer === undefined || (answer.error && !isRevert(new RpcRequestError({ body: b.call.request, error: answer.error, url: endpoint.url })))) {
+          alone(b); // left out, or an error that may be about the batch rather than the call: asked alone
+          continue;
+        }
         try {
-          // A call the batch's answer left out was not answered: a provider failure, as a lost round
-          // trip. Its error quotes neither the batch's other calls nor their answers.
-          b.resolve(resultOf(endpoint, b.call, res.status, byId.get(String(b.call.request.id)) ?? null, `no answer to this call in a batch of ${batch.length} (HTTP ${res.status})`));
+          b.resolve(resultOf(endpoint, b.call, res.status, answer, ""));
         } catch (e) {
           b.reject(e);
         }
       }
     }
     return (call: Call): Promise<unknown> => {
-      if (maxBatch <= 1 || !BATCHED_METHODS.has(call.request.method) || refusedUntil > Date.now()) return once(endpoint, call);
+      if (maxBatch <= 1 || call.alone || !BATCHED_METHODS.has(call.request.method) || refusedUntil > Date.now()) return once(endpoint, call);
       return new Promise((resolve, reject) => {
         queue.push({ call, resolve, reject });
         if (queue.length === 1) setImmediate(flush);
@@ -272,7 +323,9 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
   return { chain, client, rpc, endpoints: endpoints.map((e) => e.name) };
 }
 
-let lastId = 0;
+// Ids start at a random point: answers are matched to calls by id, and a gateway renumbering a
+// batch from 1 must not land on ids of ours.
+let lastId = Math.floor(Math.random() * 2 ** 40);
 /** Calls per JSON-RPC batch: providers cap batches (some at 10 or 20 calls on small plans). */
 const DEFAULT_MAX_BATCH = 10;
 const BATCH_REFUSED_MS = 600_000;

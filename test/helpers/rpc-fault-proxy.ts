@@ -27,9 +27,11 @@ export interface FaultPlan {
   /**
    * What a provider does with JSON-RPC batches: "refuse" answers any batch with one error object
    * (providers that serve single calls only), "omit_last" leaves the last call's answer out,
-   * "string_ids" answers with each id turned into a string (as some gateways do).
+   * "string_ids" answers with each id turned into a string (as some gateways do), "renumber"
+   * answers under ids 1..n instead of the calls' own, "rate_limited" answers any batch with one
+   * rate-limit error (-32005), "too_large_last" answers the last call with -32003 (a size limit).
    */
-  batches?: "refuse" | "omit_last" | "string_ids";
+  batches?: "refuse" | "omit_last" | "string_ids" | "renumber" | "rate_limited" | "too_large_last";
 }
 
 export interface RpcFaultProxy {
@@ -144,6 +146,7 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
     requests.total++;
     if (batch) requests.batches++;
     if (batch && plan.batches === "refuse") return send(res, 200, JSON.stringify({ jsonrpc: "2.0", id: null, error: { code: -32600, message: "batch requests are not supported" } }));
+    if (batch && plan.batches === "rate_limited") return send(res, 200, JSON.stringify({ jsonrpc: "2.0", id: null, error: { code: -32005, message: "rate limited" } }));
     const decision = decide(methods);
     const fault = decision?.kind;
     const faulted = (c: RpcCall) => decision?.hits(String(c.method ?? "unknown")) ?? false;
@@ -167,9 +170,16 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
     const upstream = await forward(body);
     switch (fault) {
       case undefined: {
-        const answers = batch && (plan.batches === "omit_last" || plan.batches === "string_ids") ? (JSON.parse(upstream.text) as RpcCall[]) : undefined;
-        if (answers && plan.batches === "string_ids") return send(res, upstream.status, JSON.stringify(answers.map((a) => ({ ...a, id: String(a.id) }))));
-        return send(res, upstream.status, answers ? JSON.stringify(answers.filter((a) => a.id !== list.at(-1)?.id)) : upstream.text);
+        const answers = batch && plan.batches ? (JSON.parse(upstream.text) as RpcCall[]) : undefined;
+        if (!answers) return send(res, upstream.status, upstream.text);
+        const last = list.at(-1)?.id;
+        const rewritten = {
+          omit_last: () => answers.filter((a) => a.id !== last),
+          string_ids: () => answers.map((a) => ({ ...a, id: String(a.id) })),
+          renumber: () => answers.map((a, i) => ({ ...a, id: i + 1 })),
+          too_large_last: () => answers.map((a) => (a.id === last ? { jsonrpc: "2.0", id: a.id, error: { code: -32003, message: "response too large" } } : a)),
+        }[plan.batches as "omit_last"];
+        return send(res, upstream.status, JSON.stringify(rewritten ? rewritten() : answers));
       }
       case "malformed_json":
         return send(res, 200, `<!doctype html>${upstream.text.slice(0, 20)}`);
