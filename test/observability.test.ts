@@ -140,6 +140,32 @@ describe("traces", () => {
   });
 });
 
+describe("traces of shared work", () => {
+  it("a JSON-RPC batch serving several verifications is a trace of its own, linked to each of theirs", async () => {
+    exporter.reset();
+    const bodies = await Promise.all(
+      Array.from({ length: 8 }, async () => {
+        const s = spec();
+        return serviceShape(s, await signEip3009(s));
+      }),
+    );
+    // Verified at once in this process (as concurrent requests are): their simulations go out together.
+    const answers = await Promise.all(bodies.map((b) => facilitator.facilitator.verify(b)));
+    for (const a of answers) expect(a.isValid).toBe(true);
+    const spans = exporter.getFinishedSpans();
+    const requestTraces = new Set(spans.filter((x) => x.name === "facilitator.verify").map((x) => x.spanContext().traceId));
+    expect(requestTraces.size).toBe(8);
+    const batches = spans.filter((x) => x.name === "rpc batch");
+    expect(batches.length).toBeGreaterThan(0);
+    for (const batch of batches) {
+      expect(batch.parentSpanContext).toBeUndefined();
+      expect(requestTraces.has(batch.spanContext().traceId)).toBe(false);
+      expect(batch.links.length).toBeGreaterThanOrEqual(2);
+      for (const link of batch.links) expect(requestTraces.has(link.context.traceId)).toBe(true);
+    }
+  });
+});
+
 describe("secrets", () => {
   it("no private key and no RPC secret in any log line, metric or span attribute after full flows", async () => {
     const s = spec();

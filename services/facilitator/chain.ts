@@ -3,12 +3,12 @@
 // anything is served; `rpc` calls the same endpoints without viem's layers, for the hot path.
 // Endpoints are named by host only: provider URLs often embed API keys.
 import { AsyncLocalStorage } from "node:async_hooks";
-import { SpanKind } from "@opentelemetry/api";
+import { SpanKind, type SpanContext } from "@opentelemetry/api";
 import { Pool } from "undici";
 import { ExecutionRevertedError, HttpRequestError, RpcRequestError, TimeoutError, createPublicClient, defineChain, fallback, http, type Chain, type PublicClient, type Transport } from "viem";
 import { endpointName } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
-import { withSpan } from "../platform/tracing.ts";
+import { activeSpanContext, withSpan } from "../platform/tracing.ts";
 
 export interface ChainClientOptions {
   chainId: number;
@@ -52,7 +52,7 @@ function createEndpoint(url: string, network: string, metrics?: Metrics) {
   const path = `${target.pathname}${target.search}`;
   const name = endpointName(url);
   const labels = { network, endpoint: name };
-  async function post(body: string, method: string, init: { headers?: Record<string, string>; signal?: AbortSignal; timeoutMs?: number }) {
+  async function post(body: string, method: string, init: { headers?: Record<string, string>; signal?: AbortSignal; timeoutMs?: number; links?: readonly SpanContext[] }) {
     return withSpan(`rpc ${method}`, { "rpc.system": "jsonrpc", "rpc.method": method, "x402.network": network, "x402.rpc.endpoint": name }, async () => {
       const end = metrics?.rpcDuration.startTimer(labels);
       let result = "error";
@@ -66,7 +66,7 @@ function createEndpoint(url: string, network: string, metrics?: Metrics) {
         end?.();
         metrics?.rpcRequests.inc({ ...labels, method, result });
       }
-    }, SpanKind.CLIENT);
+    }, SpanKind.CLIENT, init.links);
   }
   // viem reads only status, headers and text: a minimal response object is all it needs.
   const fetchFn = (async (_input: unknown, init?: RequestInit) => {
@@ -184,8 +184,8 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
    * One HTTP round trip within the call's timeout as a whole (undici's own bounds are per gap
    * between chunks: a provider trickling its answer would hold the call without end).
    */
-  function post(endpoint: Endpoint, body: string, method: string) {
-    return endpoint.post(body, method, { timeoutMs, signal: AbortSignal.timeout(timeoutMs) });
+  function post(endpoint: Endpoint, body: string, method: string, links?: readonly SpanContext[]) {
+    return endpoint.post(body, method, { timeoutMs, signal: AbortSignal.timeout(timeoutMs), links });
   }
 
   /** One call in its own round trip. */
@@ -211,7 +211,8 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
   // its own, or with none of the batch's ids, gets single calls for the next ten minutes.
   const maxBatch = opts.rpcMaxBatch ?? DEFAULT_MAX_BATCH;
   function createBatcher(endpoint: Endpoint) {
-    type Entry = { call: Call; resolve: (v: unknown) => void; reject: (e: unknown) => void };
+    /** A queued call, with the span of the request it is for (the batch's span links to each). */
+    type Entry = { call: Call; resolve: (v: unknown) => void; reject: (e: unknown) => void; span?: SpanContext };
     let queue: Entry[] = [];
     let refusedUntil = 0;
     const alone = (b: Entry) => void once(endpoint, b.call).then(b.resolve, b.reject);
@@ -224,7 +225,8 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
     async function sendBatch(batch: Entry[]) {
       let res: Awaited<ReturnType<Endpoint["post"]>>;
       try {
-        res = await post(endpoint, `[${batch.map((b) => b.call.body).join(",")}]`, "batch");
+        // Its span is a trace of its own, linked to each request's: it belongs to none of them alone.
+        res = await post(endpoint, `[${batch.map((b) => b.call.body).join(",")}]`, "batch", batch.flatMap((b) => (b.span ? [b.span] : [])));
       } catch (e) {
         for (const b of batch) {
           b.call.alone = true;
@@ -286,7 +288,7 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
     return (call: Call): Promise<unknown> => {
       if (maxBatch <= 1 || call.alone || !BATCHED_METHODS.has(call.request.method) || refusedUntil > Date.now()) return once(endpoint, call);
       return new Promise((resolve, reject) => {
-        queue.push({ call, resolve, reject });
+        queue.push({ call, resolve, reject, span: activeSpanContext() });
         if (queue.length === 1) setImmediate(flush);
         else if (queue.length >= maxBatch) flush();
       });

@@ -1,7 +1,7 @@
 // OpenTelemetry traces. Code creates spans through @opentelemetry/api (a no-op until a provider is
 // registered); `startTracing` registers the Node SDK with an OTLP exporter when
 // OTEL_EXPORTER_OTLP_ENDPOINT is set. W3C trace context crosses router → facilitator in headers.
-import { context, propagation, trace, INVALID_SPAN_CONTEXT, ProxyTracerProvider, SpanKind, SpanStatusCode, type Attributes, type Span } from "@opentelemetry/api";
+import { context, propagation, trace, INVALID_SPAN_CONTEXT, ProxyTracerProvider, ROOT_CONTEXT, SpanKind, SpanStatusCode, type Attributes, type Span, type SpanContext } from "@opentelemetry/api";
 
 export const tracer = trace.getTracer("x402-fleet");
 
@@ -37,10 +37,21 @@ export function withServerSpan<T>(name: string, headers: Record<string, unknown>
   return tracer.startActiveSpan(name, { kind: SpanKind.SERVER, attributes }, parent, (span) => finish(span, fn));
 }
 
-/** Runs fn in a span (a child of the active one). */
-export function withSpan<T>(name: string, attributes: Attributes, fn: (span: Span) => Promise<T>, kind: SpanKind = SpanKind.INTERNAL): Promise<T> {
+/**
+ * Runs fn in a span: a child of the active one, or with `links`, a root of its own linked to those
+ * (work done for several requests at once, such as a JSON-RPC batch, belongs to no one trace).
+ */
+export function withSpan<T>(name: string, attributes: Attributes, fn: (span: Span) => Promise<T>, kind: SpanKind = SpanKind.INTERNAL, links?: readonly SpanContext[]): Promise<T> {
   if (tracingOff()) return fn(NOOP_SPAN);
+  if (links) return tracer.startActiveSpan(name, { kind, attributes, links: links.map((context) => ({ context })), root: true }, ROOT_CONTEXT, (span) => finish(span, fn));
   return tracer.startActiveSpan(name, { kind, attributes }, (span) => finish(span, fn));
+}
+
+/** The active span's context where tracing records (a link to it), else undefined. */
+export function activeSpanContext(): SpanContext | undefined {
+  if (tracingOff()) return undefined;
+  const span = trace.getSpan(context.active());
+  return span?.isRecording() ? span.spanContext() : undefined;
 }
 
 async function finish<T>(span: Span, fn: (span: Span) => Promise<T>): Promise<T> {
