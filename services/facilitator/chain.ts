@@ -249,7 +249,7 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
         // unavailable (the next endpoint takes them); any other error means batches are refused.
         const error = (replies as { error?: { code?: unknown; message?: unknown } } | null)?.error;
         const answer = { code: typeof error?.code === "number" ? error.code : -32603, message: typeof error?.message === "string" ? error.message : "batch refused" };
-        const unavailable = isRpcUnavailable(new RpcRequestError({ body: {}, error: answer, url: endpoint.url }));
+        const unavailable = isRpcUnavailable({ code: answer.code });
         if (!unavailable) refusedUntil = Date.now() + BATCH_REFUSED_MS;
         for (const b of batch) {
           b.call.alone = true;

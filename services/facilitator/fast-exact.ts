@@ -129,8 +129,10 @@ export function createFastExactVerifier(opts: { chain: ChainClient; signer: Outb
     } catch {
       return { isValid: false, invalidReason: R.signature, payer };
     }
-    const recovered = await recoverSigner(digest, signature).catch(() => undefined);
-    if (!recovered || !sameAddress(recovered, payer)) return { isValid: false, invalidReason: R.signature, payer };
+    // Read once, for recovery and the calldata; a signature viem would not parse is not valid (its recovery throws).
+    const sig = signatureParts(signature);
+    const recovered = sig && (await recoverSigner(digest, signature, sig).catch(() => undefined));
+    if (!sig || !recovered || !sameAddress(recovered, payer)) return { isValid: false, invalidReason: R.signature, payer };
     if (!sameAddress(auth.to, requirements.payTo)) return { isValid: false, invalidReason: R.recipient, payer };
     const now = BigInt(Math.floor(Date.now() / 1000));
     if (BigInt(auth.validBefore) < now + 6n) return { isValid: false, invalidReason: R.validBefore, payer };
@@ -139,8 +141,6 @@ export function createFastExactVerifier(opts: { chain: ChainClient; signer: Outb
     const assetReason = await assetCheck.await();
     if (assetReason) return { isValid: false, invalidReason: assetReason, payer };
     try {
-      // Recovery above read these parts, so they are there.
-      const sig = signatureParts(signature)!;
       // transferWithAuthorization(from, to, value, validAfter, validBefore, nonce, v, r, s): the calldata
       // the reference settlement sends, byte for byte (the key under which its simulation is kept).
       const data: Hex = `${TRANSFER_SELECTOR}${fields}${uintWord(BigInt(sig.v))}${uintWord(sig.r)}${uintWord(sig.s)}`;

@@ -46,14 +46,14 @@ export function signatureParts(signature: Hex): { r: bigint; s: bigint; yParity:
 
 /**
  * Recovers the address that signed a 32-byte hash, in lower case; throws where viem throws. (No
- * EIP-55 checksum: callers compare, and a checksum is one more keccak per new signer.)
+ * EIP-55 checksum: callers compare, and a checksum is one more keccak per new signer.) `parts`:
+ * the signature's, where the caller has read them already.
  */
-export async function recoverSigner(hash: Hex, signature: Hex): Promise<Address> {
+export async function recoverSigner(hash: Hex, signature: Hex, parts = signatureParts(signature)): Promise<Address> {
   // Only r ‖ s ‖ v in 65 bytes goes native: viem would read a longer or oddly prefixed one that its
-  // recovery refuses (and a contract's ecrecover would never see).
-  const parts = native && HASH_32.test(hash) ? signatureParts(signature) : undefined;
-  // Anything else, a v or an r or s outside what viem parses included, is viem's to answer (it throws alike).
-  if (!native || !parts) return lower(await viemRecoverAddress({ hash, signature }));
+  // recovery refuses (and a contract's ecrecover would never see). Anything else, a v or an r or s
+  // outside what viem parses included, is viem's to answer (it throws alike).
+  if (!native || !parts || !HASH_32.test(hash)) return lower(await viemRecoverAddress({ hash, signature }));
   let { s, yParity: recovery } = parts;
   if (s > N / 2n) {
     // libsecp256k1 recovers low-s signatures only; (r, n - s) with the other parity is the same key.

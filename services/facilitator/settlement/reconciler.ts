@@ -242,8 +242,8 @@ export function startReconciler(opts: ReconcilerOptions) {
   /**
    * Mined transactions stay watched until `confirmations` blocks deep: one whose block left the
    * canonical chain goes back to 'broadcast' with the very bytes that were mined and is sent again.
+   * Returns how many were watched.
    */
-  /** Checks mined transactions still within the reorg depth; how many there were. */
   async function watchDepth(): Promise<number> {
     const watched = await store.watchedOutbox(signer.getAddresses());
     if (watched.length === 0) return 0;
