@@ -384,11 +384,11 @@ export function rpc() {
         row: "Per method",
         panels: [
           {
-            title: "Requests by method",
-            description: "Which JSON-RPC methods the facilitators call.",
+            title: "Calls by method",
+            description: "Which JSON-RPC methods the facilitators call: every call, alone or inside a batch (the requests panels count round trips, a batch once).",
             unit: "reqps",
             stack: true,
-            targets: [{ expr: `sum by (method) (rate(x402_rpc_requests_total{${E}}[${RATE}]))`, legend: "{{method}}" }],
+            targets: [{ expr: `sum by (method) (rate(x402_rpc_calls_total{${E}}[${RATE}]))`, legend: "{{method}}" }],
           },
           {
             title: "JSON-RPC error answers by method",

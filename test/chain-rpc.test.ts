@@ -36,6 +36,7 @@ describe("ChainClient.rpc", () => {
     const call = { to: "0x0000000000000000000000000000000000000001", data: "0x" } as const;
     expect(await chain.rpc("eth_call", [call, "latest"])).toBe(await chain.client.request({ method: "eth_call", params: [call, "latest"] }));
     expect(await requests(metrics)).toMatch(/x402_rpc_requests_total\{[^}]*method="eth_chainId",result="ok"[^}]*\} 1/);
+    expect(await metrics.registry.getSingleMetricAsString("x402_rpc_calls_total")).toMatch(/x402_rpc_calls_total\{[^}]*method="eth_chainId"[^}]*\} 1/);
   });
 
   it("passes a call the first endpoint cannot answer to the next one", async () => {
@@ -100,6 +101,12 @@ describe("ChainClient.rpc batches", () => {
     const before = requestsOf(second);
     const results = await Promise.allSettled([chain.rpc("eth_chainId", []), chain.rpc("eth_call", [call(1), "latest"]), chain.rpc("eth_call", [REVERTING_CALL, "latest"]), chain.rpc("eth_getBalance", ["0x0000000000000000000000000000000000000002", "latest"])]);
     expect(since(second, before)).toEqual({ total: 1, batches: 1 });
+    // One round trip, four calls: each counted by its own method, none as "batch".
+    const calls = await metrics.registry.getSingleMetricAsString("x402_rpc_calls_total");
+    expect(calls).toMatch(/method="eth_call"[^}]*\} 2$/m);
+    expect(calls).toMatch(/method="eth_chainId"[^}]*\} 1$/m);
+    expect(calls).toMatch(/method="eth_getBalance"[^}]*\} 1$/m);
+    expect(calls).not.toMatch(/method="batch"/);
     expect(results[0]).toEqual({ status: "fulfilled", value: `0x${CHAIN_ID.toString(16)}` });
     expect(results[1]).toEqual({ status: "fulfilled", value: await chain.client.request({ method: "eth_call", params: [call(1), "latest"] }) });
     expect(results[2]!.status).toBe("rejected");

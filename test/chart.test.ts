@@ -566,7 +566,7 @@ describe("dashboards and alerts, statically", () => {
     for (const family of [
       "x402_verify_total", "x402_settle_total", "x402_verify_duration_seconds", "x402_settle_duration_seconds", "x402_settlement_outbox",
       "x402_settlement_pending_age_seconds", "x402_signer_balance_wei", "x402_signer_pending_transactions", "x402_settlement_gas_spent_wei",
-      "x402_rpc_requests_total", "x402_rpc_request_duration_seconds", "x402_operator_reconcile_total", "x402_operator_reconcile_duration_seconds",
+      "x402_rpc_requests_total", "x402_rpc_calls_total", "x402_rpc_request_duration_seconds", "x402_operator_reconcile_total", "x402_operator_reconcile_duration_seconds",
       "x402_operator_networks", "x402_router_backend_up", "x402_http_requests_total", "x402_tenant_requests_total", "x402_tenant_gas_spent_wei_total",
     ]) expect(named.has(family), family).toBe(true);
   });

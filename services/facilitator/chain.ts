@@ -52,7 +52,12 @@ function createEndpoint(url: string, network: string, metrics?: Metrics) {
   const path = `${target.pathname}${target.search}`;
   const name = endpointName(url);
   const labels = { network, endpoint: name };
-  async function post(body: string, method: string, init: { headers?: Record<string, string>; signal?: AbortSignal; timeoutMs?: number; links?: readonly SpanContext[] }) {
+  /** `calls`: the methods of a batch's calls (each counted in x402_rpc_calls_total); `method` alone otherwise. */
+  async function post(body: string, method: string, init: { headers?: Record<string, string>; signal?: AbortSignal; timeoutMs?: number; links?: readonly SpanContext[]; calls?: readonly string[] }) {
+    if (metrics) {
+      if (init.calls) for (const call of init.calls) metrics.rpcCalls.inc({ ...labels, method: call });
+      else metrics.rpcCalls.inc({ ...labels, method });
+    }
     return withSpan(`rpc ${method}`, { "rpc.system": "jsonrpc", "rpc.method": method, "x402.network": network, "x402.rpc.endpoint": name }, async () => {
       const end = metrics?.rpcDuration.startTimer(labels);
       let result = "error";
@@ -184,8 +189,8 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
    * One HTTP round trip within the call's timeout as a whole (undici's own bounds are per gap
    * between chunks: a provider trickling its answer would hold the call without end).
    */
-  function post(endpoint: Endpoint, body: string, method: string, links?: readonly SpanContext[]) {
-    return endpoint.post(body, method, { timeoutMs, signal: AbortSignal.timeout(timeoutMs), links });
+  function post(endpoint: Endpoint, body: string, method: string, batch?: { links: readonly SpanContext[]; calls: readonly string[] }) {
+    return endpoint.post(body, method, { timeoutMs, signal: AbortSignal.timeout(timeoutMs), links: batch?.links, calls: batch?.calls });
   }
 
   /** One call in its own round trip. */
@@ -226,7 +231,7 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
       let res: Awaited<ReturnType<Endpoint["post"]>>;
       try {
         // Its span is a trace of its own, linked to each request's: it belongs to none of them alone.
-        res = await post(endpoint, `[${batch.map((b) => b.call.body).join(",")}]`, "batch", batch.flatMap((b) => (b.span ? [b.span] : [])));
+        res = await post(endpoint, `[${batch.map((b) => b.call.body).join(",")}]`, "batch", { links: batch.flatMap((b) => (b.span ? [b.span] : [])), calls: batch.map((b) => b.call.request.method) });
       } catch (e) {
         for (const b of batch) {
           b.call.alone = true;

@@ -35,6 +35,8 @@ export function createMetrics(service: string) {
     httpShed: new Counter({ name: "x402_http_requests_shed_total", help: "Requests refused with 503 and Retry-After because the process already held its cap of that action (X402_MAX_*_IN_FLIGHT)", labelNames: ["service", "route"], ...r }),
     httpDuration: new Histogram({ name: "x402_http_request_duration_seconds", help: "HTTP request latency", labelNames: ["service", "route"], buckets: LATENCY_BUCKETS, ...r }),
     rpcRequests: new Counter({ name: "x402_rpc_requests_total", help: "JSON-RPC requests by endpoint (host), method and result", labelNames: ["network", "endpoint", "method", "result"], ...r }),
+    // Round trips above; calls here, every JSON-RPC call put on the wire, alone or inside a batch, by its own method (what a provider bills per call).
+    rpcCalls: new Counter({ name: "x402_rpc_calls_total", help: "JSON-RPC calls sent by endpoint (host) and method, each call of a batch counted by its own method", labelNames: ["network", "endpoint", "method"], ...r }),
     rpcDuration: new Histogram({ name: "x402_rpc_request_duration_seconds", help: "JSON-RPC latency (one HTTP round trip, batches counted once)", labelNames: ["network", "endpoint"], buckets: LATENCY_BUCKETS, ...r }),
     signerBalance: new Gauge({ name: "x402_signer_balance_wei", help: "Native balance of each facilitator signer", labelNames: ["network", "signer"], ...r }),
     signerPending: new Gauge({ name: "x402_signer_pending_transactions", help: "Transactions being sent or awaiting a receipt, per signer", labelNames: ["network", "signer"], ...r }),
