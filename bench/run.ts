@@ -117,6 +117,11 @@ async function main() {
   const router = start("router", ["bin/x402-fleet.js", "router", "--routing-table", tablePath, "--port", String(routerPort), "--admin-port", String(await freePort())], {});
   const routerUrl = `http://127.0.0.1:${routerPort}/v2`;
   await waitUp(`${routerUrl}/supported`);
+  // The Node floor beside the router, in front of the same facilitator (bench/floor-proxy.ts).
+  const floorPort = await freePort();
+  const floor = start("floor-proxy", ["--import", "tsx", "bench/floor-proxy.ts"], { UPSTREAM: ours1.url, PORT: String(floorPort) });
+  const floorUrl = `http://127.0.0.1:${floorPort}/v2`;
+  await waitUp(`${floorUrl}/up`);
   const refPort = await freePort();
   const ref = start("reference", ["--import", "tsx", "bench/reference-facilitator.ts"], { RPC_URL: proxyRef.url, PRIVATE_KEY: keys.ref[0]!, NETWORK: net.network, PORT: String(refPort) });
   const refUrl = `http://127.0.0.1:${refPort}`;
@@ -128,7 +133,7 @@ async function main() {
   const verifyBodies = await sign(256);
 
   // Warm-up (JIT, caches, connections) for every target.
-  for (const url of [`${ours1.url}/verify`, `${routerUrl}/verify`, `${refUrl}/verify`]) await runLoad(url, verifyBodies, { requests: 300, concurrency: 8 });
+  for (const url of [`${ours1.url}/verify`, `${routerUrl}/verify`, `${floorUrl}/verify`, `${refUrl}/verify`]) await runLoad(url, verifyBodies, { requests: 300, concurrency: 8 });
   const check = await runLoad(`${routerUrl}/verify`, verifyBodies.slice(0, 4), { requests: 4, concurrency: 1, keepBodies: true });
   if (!check.bodies.every((b) => (b as { isValid: boolean }).isValid)) throw new Error(`verify payloads are not valid: ${JSON.stringify(check.bodies[0])}`);
 
@@ -145,7 +150,7 @@ async function main() {
   // CPU_ROUNDS runs (one run on a shared machine swings by a third), for each process in the path.
   console.error("CPU per verify...");
   const CPU_ROUNDS = 3;
-  const cpuRuns: Record<"oursFacilitatorMs" | "routerMs" | "referenceMs", number[]> = { oursFacilitatorMs: [], routerMs: [], referenceMs: [] };
+  const cpuRuns: Record<"oursFacilitatorMs" | "routerMs" | "floorProxyMs" | "referenceMs", number[]> = { oursFacilitatorMs: [], routerMs: [], floorProxyMs: [], referenceMs: [] };
   const cpuPerRequest = async (pid: number, url: string) => {
     const before = await procStats(pid);
     await runLoad(url, verifyBodies, { requests: 3000, concurrency: 16 });
@@ -154,32 +159,37 @@ async function main() {
   for (let i = 0; i < CPU_ROUNDS; i++) {
     cpuRuns.oursFacilitatorMs.push(await cpuPerRequest(ours1.child.pid!, `${ours1.url}/verify`));
     cpuRuns.routerMs.push(await cpuPerRequest(router.pid!, `${routerUrl}/verify`));
+    cpuRuns.floorProxyMs.push(await cpuPerRequest(floor.pid!, `${floorUrl}/verify`));
     cpuRuns.referenceMs.push(await cpuPerRequest(ref.pid!, `${refUrl}/verify`));
   }
   const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-  const cpu = { oursFacilitatorMs: median(cpuRuns.oursFacilitatorMs), routerMs: median(cpuRuns.routerMs), referenceMs: median(cpuRuns.referenceMs) };
+  const cpu = { oursFacilitatorMs: median(cpuRuns.oursFacilitatorMs), routerMs: median(cpuRuns.routerMs), floorProxyMs: median(cpuRuns.floorProxyMs), referenceMs: median(cpuRuns.referenceMs) };
 
   // Router overhead at concurrency 1: each request's time through the router minus the time the
   // router waited for the facilitator (its Server-Timing "upstream"): what the router itself adds,
-  // without the facilitator's and the node's own variance.
+  // without the facilitator's and the node's own variance. The floor proxy is measured the same way,
+  // its requests alternating with the router's, so both see the machine in the same state.
   // The client is a keep-alive undici pool, as the load runs use: WHATWG fetch's own overhead (about
   // half a millisecond of CPU a call) would count as the router's.
   console.error("router overhead...");
-  const overheads: number[] = [];
-  const routerPool = new Pool(new URL(routerUrl).origin, { connections: 1 });
-  const verifyPath = `${new URL(routerUrl).pathname}/verify`;
-  for (let i = 0; i < 500; i++) {
+  const targets = [routerUrl, floorUrl].map((url) => ({ pool: new Pool(new URL(url).origin, { connections: 1 }), path: `${new URL(url).pathname}/verify`, overheads: [] as number[] }));
+  for (let i = 0; i < 1000; i++) {
+    const target = targets[i % 2]!;
     const t0 = performance.now();
-    const res = await routerPool.request({ method: "POST", path: verifyPath, headers: { "content-type": "application/json" }, body: verifyBodies[i % verifyBodies.length]! });
+    const res = await target.pool.request({ method: "POST", path: target.path, headers: { "content-type": "application/json" }, body: verifyBodies[i % verifyBodies.length]! });
     await res.body.arrayBuffer();
     const total = performance.now() - t0;
     const timing = res.headers["server-timing"];
     const upstream = Number(/upstream;dur=([0-9.]+)/.exec(typeof timing === "string" ? timing : "")?.[1]);
-    if (Number.isFinite(upstream)) overheads.push(total - upstream);
+    if (Number.isFinite(upstream)) target.overheads.push(total - upstream);
   }
-  await routerPool.close();
-  overheads.sort((a, b) => a - b);
-  const routerOverheadC1 = { p50ms: round(percentile(overheads, 50), 3), p99ms: round(percentile(overheads, 99), 3) };
+  const [routerOverheadC1, floorOverheadC1] = (await Promise.all(
+    targets.map(async ({ pool, overheads }) => {
+      await pool.close();
+      overheads.sort((a, b) => a - b);
+      return { p50ms: round(percentile(overheads, 50), 3), p99ms: round(percentile(overheads, 99), 3) };
+    }),
+  )) as [{ p50ms: number; p99ms: number }, { p50ms: number; p99ms: number }];
 
   console.error("RPC calls per verify...");
   proxyOurs.reset();
@@ -302,8 +312,9 @@ async function main() {
       ),
       rpcPerVerify: { ours: round(rpc.ours.calls / 200), oursRoundTrips: round(rpc.ours.roundTrips / 200), reference: round(rpc.reference.calls / 200), referenceRoundTrips: round(rpc.reference.roundTrips / 200), ratio: ratio(rpc.reference.calls, rpc.ours.calls), oursMethods: rpc.ours.methods, referenceMethods: rpc.reference.methods },
       // c=1: the router's own share of each request (Server-Timing); c=16: the difference of the two p50s only (p99s of two runs do not subtract).
-      routerOverhead: { concurrency1: routerOverheadC1, concurrency16: { p50ms: round(v("oursViaRouter", 16).p50ms - v("ours", 16).p50ms) } },
-      cpuPerVerifyMs: { ours: round(cpu.oursFacilitatorMs, 3), router: round(cpu.routerMs, 3), reference: round(cpu.referenceMs, 3), ratio: ratio(cpu.referenceMs, cpu.oursFacilitatorMs), runs: Object.fromEntries(Object.entries(cpuRuns).map(([k, xs]) => [k, xs.map((x) => round(x, 3))])) },
+      // floorProxy: the same measures of a bare Node proxy (bench/floor-proxy.ts), taken alongside.
+      routerOverhead: { concurrency1: routerOverheadC1, floorProxyConcurrency1: floorOverheadC1, concurrency16: { p50ms: round(v("oursViaRouter", 16).p50ms - v("ours", 16).p50ms) } },
+      cpuPerVerifyMs: { ours: round(cpu.oursFacilitatorMs, 3), router: round(cpu.routerMs, 3), floorProxy: round(cpu.floorProxyMs, 3), reference: round(cpu.referenceMs, 3), ratio: ratio(cpu.referenceMs, cpu.oursFacilitatorMs), runs: Object.fromEntries(Object.entries(cpuRuns).map(([k, xs]) => [k, xs.map((x) => round(x, 3))])) },
       settleSequential: { rpcRttMs: RPC_RTT_MS, blockTimeS: BLOCK_TIME_S, ...sequential, limitMs: { withSync: limitMs(1), withoutSync: limitMs(2) } },
       settleBurst: { concurrent: BURST, ...settle, throughputRatio4KeysVsReference: ratio(settle.ours4Keys!.throughput, settle.reference!.throughput), throughputRatio4KeysVs1Key: ratio(settle.ours4Keys!.throughput, settle.ours1Key!.throughput) },
       memory,
@@ -319,9 +330,9 @@ async function main() {
       return `| verify c=${c}: req/s, p50 / p99 ms | ${r.ours.throughput}, ${r.ours.p50ms} / ${r.ours.p99ms} | ${r.reference.throughput}, ${r.reference.p50ms} / ${r.reference.p99ms} | ${r.throughputRatio}× |`;
     }),
     `| RPC calls per verify (round trips) | ${w.rpcPerVerify.ours} (${w.rpcPerVerify.oursRoundTrips}) | ${w.rpcPerVerify.reference} (${w.rpcPerVerify.referenceRoundTrips}) | ${w.rpcPerVerify.ratio}× fewer |`,
-    `| router overhead p50 / p99 ms (c=1: client time minus Server-Timing upstream) | ${w.routerOverhead.concurrency1.p50ms} / ${w.routerOverhead.concurrency1.p99ms} | n/a | |`,
+    `| router overhead p50 / p99 ms (c=1: client time minus Server-Timing upstream) | ${w.routerOverhead.concurrency1.p50ms} / ${w.routerOverhead.concurrency1.p99ms} | n/a | Node floor (a bare proxy, alternating with the router): ${w.routerOverhead.floorProxyConcurrency1.p50ms} / ${w.routerOverhead.floorProxyConcurrency1.p99ms} |`,
     `| router overhead p50 ms (c=16, difference of p50s) | ${w.routerOverhead.concurrency16.p50ms} | n/a | |`,
-    `| CPU per verify at c=16, ms (facilitator; router; median of ${CPU_ROUNDS} runs of 3,000) | ${w.cpuPerVerifyMs.ours}; ${w.cpuPerVerifyMs.router} | ${w.cpuPerVerifyMs.reference} | ${w.cpuPerVerifyMs.ratio}× less |`,
+    `| CPU per verify at c=16, ms (facilitator; router; median of ${CPU_ROUNDS} runs of 3,000) | ${w.cpuPerVerifyMs.ours}; ${w.cpuPerVerifyMs.router} | ${w.cpuPerVerifyMs.reference} | ${w.cpuPerVerifyMs.ratio}× less; Node floor for the router (a bare proxy): ${w.cpuPerVerifyMs.floorProxy} |`,
     `| settle one at a time (RPC RTT ${RPC_RTT_MS} ms${BLOCK_TIME_S ? `, ${BLOCK_TIME_S} s blocks` : ", automine"}): p50 / p99 ms | ${sequential.ours!.p50ms} / ${sequential.ours!.p99ms} | ${sequential.reference!.p50ms} / ${sequential.reference!.p99ms} | ${ratio(sequential.reference!.p50ms, sequential.ours!.p50ms)}× faster; physical limit ${limitMs(1)} ms with sync (${round(sequential.ours!.p50ms / Math.max(limitMs(1), 0.001))}× it), ${limitMs(2)} ms without |`,
     `| RPC calls per settle on its path (round trips), after a verify | ${sequential.ours!.callsPerSettle} (${sequential.ours!.roundTripsPerSettle}) ${JSON.stringify(sequential.ours!.methods)}; background ${sequential.ours!.backgroundCallsPerSecond}/s | ${sequential.reference!.callsPerSettle} (${sequential.reference!.roundTripsPerSettle}) ${JSON.stringify(sequential.reference!.methods)} | |`,
     `| CPU per verify + settle, ms (facilitator) | ${sequential.ours!.cpuPerVerifyAndSettleMs} | ${sequential.reference!.cpuPerVerifyAndSettleMs} | |`,
