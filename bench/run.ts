@@ -50,11 +50,12 @@ async function waitUp(url: string): Promise<void> {
 }
 
 /** CPU seconds (user + system) and resident memory of a process, from /proc. */
-async function procStats(pid: number): Promise<{ cpu: number; rssMb: number }> {
+async function procStats(pid: number): Promise<{ cpu: number; rssMb: number; peakRssMb: number }> {
   const stat = (await readFile(`/proc/${pid}/stat`, "utf8")).split(") ")[1]!.split(" ");
   const status = await readFile(`/proc/${pid}/status`, "utf8");
   const rssKb = Number(/VmRSS:\s+(\d+)/.exec(status)?.[1] ?? 0);
-  return { cpu: (Number(stat[11]) + Number(stat[12])) / 100, rssMb: Math.round(rssKb / 1024) };
+  const peakKb = Number(/VmHWM:\s+(\d+)/.exec(status)?.[1] ?? 0);
+  return { cpu: (Number(stat[11]) + Number(stat[12])) / 100, rssMb: Math.round(rssKb / 1024), peakRssMb: Math.round(peakKb / 1024) };
 }
 
 /** A non-negative number after `name` on the command line, or 0. */
@@ -283,12 +284,26 @@ async function main() {
     settle[name] = { successes, failures: BURST - successes, reasons, seconds: round(r.seconds), throughput: round(successes / r.seconds, 1), ...(await packing(hashes)) };
   }
 
+  // Resident memory right after the bursts (the heap that a burst's requests in flight grew), then
+  // in the steady state: after IDLE_S seconds without requests, when V8's memory reducer has
+  // given back what the burst needed. The peak is the most the process ever held.
+  const rss = async (pid: number | undefined) => (pid === undefined ? undefined : procStats(pid));
+  const processes = { facilitatorEmbedded: ours1.child.pid, facilitatorPostgres: ours4pg?.child.pid, router: router.pid, reference: ref.pid };
+  const afterLoad = Object.fromEntries(await Promise.all(Object.entries(processes).map(async ([k, pid]) => [k, (await rss(pid))?.rssMb]))) as Record<keyof typeof processes, number | undefined>;
+  const IDLE_S = 20;
+  console.error(`memory: ${IDLE_S} s idle...`);
+  await new Promise((r) => setTimeout(r, IDLE_S * 1000));
+  const steady = Object.fromEntries(await Promise.all(Object.entries(processes).map(async ([k, pid]) => [k, await rss(pid)]))) as Record<keyof typeof processes, { rssMb: number; peakRssMb: number } | undefined>;
   const memory = {
-    facilitatorEmbeddedRssMb: (await procStats(ours1.child.pid!)).rssMb,
-    facilitatorPostgresRssMb: ours4pg ? (await procStats(ours4pg.child.pid!)).rssMb : undefined,
-    routerRssMb: (await procStats(router.pid!)).rssMb,
-    referenceRssMb: (await procStats(ref.pid!)).rssMb,
+    idleSeconds: IDLE_S,
+    facilitatorEmbeddedRssMb: steady.facilitatorEmbedded!.rssMb,
+    facilitatorPostgresRssMb: steady.facilitatorPostgres?.rssMb,
+    routerRssMb: steady.router!.rssMb,
+    referenceRssMb: steady.reference!.rssMb,
+    afterLoadRssMb: afterLoad,
+    peakRssMb: Object.fromEntries(Object.entries(steady).map(([k, v]) => [k, v?.peakRssMb])),
   };
+  const trio = (m: Record<string, number | undefined>) => `${m.facilitatorEmbedded}; ${m.facilitatorPostgres ?? "n/a"}; ${m.router}`;
 
   const v = (k: string, c: number) => verify[k]![`c${c}`]!;
   // The physical limit of one settlement: its round trips x RTT, plus the wait for the next block
@@ -344,7 +359,7 @@ async function main() {
       return [`| settle ${BURST} at once, ${label}: ok / failed, s, ok/s${BLOCK_TIME_S ? ", per block" : ""} | ${r.successes} / ${r.failures}, ${r.seconds}, ${r.throughput}${blocks} | ${k === "ours1Key" ? `${settle.reference!.successes} / ${settle.reference!.failures}, ${settle.reference!.seconds}, ${settle.reference!.throughput} (1 key, nonce manager)` : ""} | ${ratio(r.throughput, settle.reference!.throughput)}× |`];
     }),
     `| reference settle failure reasons | | ${JSON.stringify(settle.reference!.reasons)} | |`,
-    `| steady-state RSS MB (facilitator embedded; on PostgreSQL; router) | ${memory.facilitatorEmbeddedRssMb}; ${memory.facilitatorPostgresRssMb ?? "n/a"}; ${memory.routerRssMb} | ${memory.referenceRssMb} | |`,
+    `| steady-state RSS MB, ${memory.idleSeconds} s after the load (facilitator embedded; on PostgreSQL; router) | ${memory.facilitatorEmbeddedRssMb}; ${memory.facilitatorPostgresRssMb ?? "n/a"}; ${memory.routerRssMb} | ${memory.referenceRssMb} | right after the load: ${trio(memory.afterLoadRssMb)} (reference ${memory.afterLoadRssMb.reference}); peak: ${trio(memory.peakRssMb)} (reference ${memory.peakRssMb.reference}) |`,
   ].join("\n");
   const header = `Measured ${results.when} (--rpc-rtt-ms ${RPC_RTT_MS}${BLOCK_TIME_S ? ` --block-time ${BLOCK_TIME_S}` : ""}) on ${results.machine.cpus} × ${results.machine.model}, Node ${results.machine.node}; anvil, router, facilitators, reference and load generator on the same machine.`;
   await mkdir(join(ROOT, "bench/results"), { recursive: true });

@@ -155,6 +155,8 @@ export function createGasPolicy(opts: GasPolicyOptions) {
     },
     /** The chain's tip floor. */
     minPriorityFeePerGas: minTip,
+    /** The absolute fee cap per gas, where one is set. */
+    maxFeePerGasWei: opts.maxFeePerGasWei,
     /** The tip to offer: the market's, never under the chain's floor. */
     tip: (market: bigint) => (market < minTip ? minTip : market),
     /** Throws when fees (after the cap) are under the chain's tip floor (base fee + minimum tip): such a transaction is never signed. */

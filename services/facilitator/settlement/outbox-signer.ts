@@ -99,6 +99,8 @@ export interface MarketFees extends Fees {
   baseFeePerGas: bigint;
   /** The highest maxFeePerGas signed right now (relative and absolute caps). */
   cap: bigint;
+  /** The absolute cap alone (X402_MAX_FEE_PER_GAS_WEI), where one is set: no fee is ever signed above it. */
+  absoluteCap?: bigint;
   /** The capped fees are under the chain's floor (base fee + minimum tip): nothing is signed at them. */
   belowFloor?: boolean;
 }
@@ -231,7 +233,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       // A cap under the chain's tip floor: fees its nodes refuse by rule. Flagged, and never signed.
       // (Without a floor, a cap under a spiking base fee is the node's call: refused, the nonce reused.)
       const belowFloor = policy.minPriorityFeePerGas > 0n && (fees.maxPriorityFeePerGas < policy.minPriorityFeePerGas || fees.maxFeePerGas < baseFeePerGas + policy.minPriorityFeePerGas);
-      return { baseFeePerGas, cap, belowFloor, ...fees };
+      return { baseFeePerGas, cap, absoluteCap: policy.maxFeePerGasWei, belowFloor, ...fees };
     })();
     // The previous value serves until the new one is in: a refresh never makes a settlement wait.
     value.then(

@@ -33,6 +33,7 @@ export interface ReconcilerOptions {
 
 const bump = (v: bigint) => (v * 1125n) / 1000n + 1n; // +12.5%: above every client's replacement threshold
 const max = (a: bigint, b: bigint) => (a > b ? a : b);
+const min = (a: bigint, b: bigint) => (a < b ? a : b);
 
 export const DEFAULT_MAX_FEE_BUMPS = 5;
 
@@ -143,6 +144,13 @@ export function startReconciler(opts: ReconcilerOptions) {
       // lowest open transaction is looked up by hash.
       if (tx.age_seconds < AWAITED_CHECK_S) return;
       const pending = await pendingNonce(view, tx.signer);
+      if (blocking && nonce === pending) {
+        // The node does not count it, though it may hold it: see heldUnexecuted.
+        const known = await chain.client.getTransaction({ hash: tx.hash }).catch(() => undefined);
+        if (known && known.blockNumber === null) await replaceHeld(tx);
+        else if (!known) await handle(tx, await signer.send(tx));
+        return;
+      }
       const missing = (pending !== undefined && nonce >= pending && nonce < pending + RESEND_WINDOW) || (blocking && !(await chain.client.getTransaction({ hash: tx.hash }).catch(() => undefined)));
       if (missing) await handle(tx, await signer.send(tx));
       return;
@@ -165,6 +173,21 @@ export function startReconciler(opts: ReconcilerOptions) {
     const known = await chain.client.getTransaction({ hash: tx.hash }).catch(() => undefined);
     // The node forgot it (restart, eviction, a reorg): send the same bytes again.
     if (!known) await handle(tx, await signer.send(tx));
+    else if (blocking && known.blockNumber === null && tx.age_seconds >= AWAITED_CHECK_S && nonce === (await pendingNonce(view, tx.signer))) await replaceHeld(tx);
+  }
+
+  /**
+   * The key's lowest open transaction, which the node holds but does not count as pending (its
+   * pending nonce is still this one's): a pool that took it in while it saw a gap before it, and
+   * never promoted it once the gap closed (anvil does so under concurrent sends; a node whose pool
+   * lost track of the sender can too). The same bytes again are "already known" and change
+   * nothing, and every later transaction of the key waits behind it: a replacement, which the node
+   * takes in afresh, on a schedule of its own (AWAITED_CHECK_S an attempt, within the bump limit).
+   */
+  async function replaceHeld(tx: OutboxRow): Promise<void> {
+    if (tx.age_seconds < AWAITED_CHECK_S * tx.hashes.length) return;
+    logger.warn({ signer: tx.signer, nonce: tx.nonce, hash: tx.hash }, "the node holds the key's next transaction without executing it; replacing it");
+    await replace(tx, false);
   }
 
   /** What a refused broadcast of a stored transaction leads to. */
@@ -218,7 +241,14 @@ export function startReconciler(opts: ReconcilerOptions) {
     // A repricing of a refused transaction needs only the market; a replacement must outbid its predecessor.
     const floor = reprice ? { maxFeePerGas: 0n, maxPriorityFeePerGas: 0n } : { maxFeePerGas: bump(BigInt(tx.max_fee_per_gas)), maxPriorityFeePerGas: bump(BigInt(tx.max_priority_fee_per_gas)) };
     const maxFeePerGas = max(floor.maxFeePerGas, market.maxFeePerGas);
-    if (maxFeePerGas > market.cap) return waitAtLimit(tx, "fee_cap");
+    // The relative cap follows the base fee: once that has fallen since the predecessor was signed,
+    // any replacement (it must outbid it) is above the cap, and a transaction priced above the
+    // market would "wait for the market" for ever. A replacement may go one bump above a
+    // predecessor that was within the cap when signed (maxBumps times at most: 1.8x with 5); the
+    // absolute cap (X402_MAX_FEE_PER_GAS_WEI) always holds. What is paid is the base fee plus the tip.
+    const relaxed = max(market.cap, floor.maxFeePerGas);
+    const cap = reprice ? market.cap : market.absoluteCap === undefined ? relaxed : min(relaxed, market.absoluteCap);
+    if (maxFeePerGas > cap) return waitAtLimit(tx, "fee_cap");
     let maxPriorityFeePerGas = max(floor.maxPriorityFeePerGas, market.maxPriorityFeePerGas);
     if (maxPriorityFeePerGas > maxFeePerGas) maxPriorityFeePerGas = maxFeePerGas;
     if (reprice && maxFeePerGas === BigInt(tx.max_fee_per_gas) && maxPriorityFeePerGas === BigInt(tx.max_priority_fee_per_gas)) return waitAtLimit(tx, "fee_cap");

@@ -1,0 +1,61 @@
+// A transaction the node holds but never executes: taken into its pool while the node saw a gap
+// before it, and never promoted once the gap closed (anvil does this under concurrent sends; it
+// left a key's whole backlog unmined in the bench). Re-sending the same bytes changes nothing
+// ("already known"); the reconciler replaces it, within the fee cap as it stood when signed, even
+// after the base fee fell below what that cap now allows. Judged on chain.
+import type { Address, Hex } from "viem";
+import { afterEach, describe, expect, it } from "vitest";
+import { ENGINES, startRig, type Rig } from "./helpers/settlement-rig.ts";
+import { postJson } from "./helpers/payments.ts";
+import { balanceOf } from "./helpers/chain.ts";
+import { eventually, nonceOf, publicClient, rpc } from "./helpers/onchain.ts";
+
+let rig: Rig | undefined;
+afterEach(async () => {
+  await rig?.stop();
+  rig = undefined;
+});
+
+describe.each(ENGINES)("a transaction the node holds without executing it (%s store)", (engine) => {
+  it("is replaced and mined, and the key's later settlements follow it", async () => {
+    rig = await startRig({ engine });
+    const url = rig.anvil.rpcUrl;
+    // The fee schedule alone would replace it after an hour: only the held check can unstick it here.
+    const f = await rig.facilitator({ receiptTimeoutMs: 1000, replaceAfterMs: 3_600_000, policy: { sendRawTransactionSync: false } });
+    const signer = f.signers[0] as Address;
+    expect((await postJson(`${f.url}/settle`, await rig.payment(100n))).json).toMatchObject({ success: true });
+
+    // The node loses track of the key (it sees nonce 0 as next): our nonce 1 goes to its queue.
+    await rpc(url, "anvil_setNonce", [signer, "0x0"]);
+    const body = await rig.payment(200n);
+    const first = (await postJson(`${f.url}/settle`, body)).json;
+    expect(first).toMatchObject({ success: false, errorReason: "settlement_pending" });
+    const held = first.transaction as Hex;
+    // The gap closes, blocks go by (the base fee falls well below what the transaction was priced
+    // at), and the node still holds it unexecuted.
+    await rpc(url, "anvil_setNonce", [signer, "0x1"]);
+    const baseFeeBefore = (await publicClient(url).getBlock()).baseFeePerGas!;
+    await rig.test.mine({ blocks: 30 });
+    expect((await publicClient(url).getBlock()).baseFeePerGas! * 10n).toBeLessThan(baseFeeBefore);
+    expect(await rpc<{ queued: Hex }>(url, "txpool_status")).toMatchObject({ queued: "0x1" });
+    expect((await publicClient(url).getTransaction({ hash: held })).blockNumber).toBeNull();
+    expect(await nonceOf(url, signer, "pending")).toBe(1);
+
+    const settled = await eventually(async () => {
+      const answer = (await postJson(`${f.url}/settle`, body)).json;
+      return answer.success === true ? answer : undefined;
+    }, 300);
+    // A replacement of the held transaction carried the payment: same nonce, another hash, mined.
+    const hash = settled.transaction as Hex;
+    expect(hash).not.toBe(held);
+    expect((await publicClient(url).getTransactionReceipt({ hash })).status).toBe("success");
+    expect((await publicClient(url).getTransaction({ hash })).nonce).toBe(1);
+    expect(await balanceOf(url, rig.usdc.address, rig.receiver)).toBe(300n);
+    expect(await nonceOf(url, signer)).toBe(2);
+    // The key goes on at the next nonce.
+    const next = (await postJson(`${f.url}/settle`, await rig.payment(1n))).json;
+    expect(next).toMatchObject({ success: true });
+    expect((await publicClient(url).getTransaction({ hash: next.transaction as Hex })).nonce).toBe(2);
+    expect(await balanceOf(url, rig.usdc.address, rig.receiver)).toBe(301n);
+  });
+});
