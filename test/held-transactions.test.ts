@@ -9,11 +9,14 @@ import { ENGINES, startRig, type Rig } from "./helpers/settlement-rig.ts";
 import { postJson } from "./helpers/payments.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { eventually, nonceOf, publicClient, rpc } from "./helpers/onchain.ts";
+import { startRpcFaultProxy, type RpcFaultProxy } from "./helpers/rpc-fault-proxy.ts";
 
 let rig: Rig | undefined;
+let proxy: RpcFaultProxy | undefined;
 afterEach(async () => {
+  await proxy?.close();
   await rig?.stop();
-  rig = undefined;
+  rig = proxy = undefined;
 });
 
 describe.each(ENGINES)("a transaction the node holds without executing it (%s store)", (engine) => {
@@ -41,10 +44,14 @@ describe.each(ENGINES)("a transaction the node holds without executing it (%s st
     expect((await publicClient(url).getTransaction({ hash: held })).blockNumber).toBeNull();
     expect(await nonceOf(url, signer, "pending")).toBe(1);
 
-    const settled = await eventually(async () => {
-      const answer = (await postJson(`${f.url}/settle`, body)).json;
-      return answer.success === true ? answer : undefined;
-    }, 300);
+    // Blocks keep coming (other keys' traffic): the replacement comes once the transaction has
+    // looked held for a few of them.
+    await eventually(async () => {
+      await rig!.test.mine({ blocks: 1 });
+      return (await balanceOf(url, rig!.usdc.address, rig!.receiver)) === 300n ? true : undefined;
+    }, 40, 500);
+    const settled = (await postJson(`${f.url}/settle`, body)).json;
+    expect(settled).toMatchObject({ success: true });
     // A replacement of the held transaction carried the payment: same nonce, another hash, mined.
     const hash = settled.transaction as Hex;
     expect(hash).not.toBe(held);
@@ -57,5 +64,33 @@ describe.each(ENGINES)("a transaction the node holds without executing it (%s st
     expect(next).toMatchObject({ success: true });
     expect((await publicClient(url).getTransaction({ hash: next.transaction as Hex })).nonce).toBe(2);
     expect(await balanceOf(url, rig.usdc.address, rig.receiver)).toBe(301n);
+  });
+
+  it("a healthy one, behind a provider whose pending nonce counts only mined transactions, is left alone until blocks pass without it", async () => {
+    rig = await startRig({ engine });
+    proxy = await startRpcFaultProxy({ upstream: rig.anvil.rpcUrl });
+    proxy.configure({ pendingAsLatest: true });
+    const f = await rig.facilitator({ rpcUrls: [proxy.url], receiptTimeoutMs: 1000, replaceAfterMs: 3_600_000, policy: { sendRawTransactionSync: false } });
+    // In the pool and executable, but no block comes for a while: to this provider it looks held.
+    await rig.test.setAutomine(false);
+    const body = await rig.payment(50n);
+    const first = (await postJson(`${f.url}/settle`, body)).json;
+    expect(first).toMatchObject({ success: false, errorReason: "settlement_pending" });
+    const sent = first.transaction as Hex;
+    // Past the 5 s an attempt, passes look at it, with no block: nothing is replaced.
+    await new Promise((r) => setTimeout(r, 6000));
+    for (let i = 0; i < 3; i++) await f.reconciler.pass();
+    expect(await rpc<{ pending: Hex }>(rig.anvil.rpcUrl, "txpool_status")).toMatchObject({ pending: "0x1" });
+    await rig.test.mine({ blocks: 1 });
+    await rig.test.setAutomine(true);
+    const settled = await eventually(async () => {
+      const answer = (await postJson(`${f.url}/settle`, body)).json;
+      return answer.success === true ? answer : undefined;
+    }, 20, 200);
+    // The very transaction sent first was mined: no replacement was signed.
+    expect(settled.transaction).toBe(sent);
+    expect((await publicClient(rig.anvil.rpcUrl).getTransactionReceipt({ hash: sent })).status).toBe("success");
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(50n);
+    expect(await nonceOf(rig.anvil.rpcUrl, f.signers[0] as Address)).toBe(1);
   });
 });

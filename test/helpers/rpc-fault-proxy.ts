@@ -32,6 +32,8 @@ export interface FaultPlan {
    * rate-limit error (-32005), "too_large_last" answers the last call with -32003 (a size limit).
    */
   batches?: "refuse" | "omit_last" | "string_ids" | "renumber" | "rate_limited" | "too_large_last";
+  /** A provider whose pending nonce counts only mined transactions: eth_getTransactionCount "pending" is asked as "latest". */
+  pendingAsLatest?: boolean;
 }
 
 export interface RpcFaultProxy {
@@ -51,6 +53,14 @@ export interface RpcFaultProxy {
   close(): Promise<void>;
 }
 
+/** The body with every pending-nonce read asked of the latest block, or undefined where none is. */
+function pendingAsLatest(list: RpcCall[], batch: boolean): string | undefined {
+  const asked = (c: RpcCall) => c.method === "eth_getTransactionCount" && Array.isArray(c.params) && c.params[1] === "pending";
+  if (!list.some(asked)) return undefined;
+  const rewritten = list.map((c) => (asked(c) ? { ...c, params: [(c.params as unknown[])[0], "latest"] } : c));
+  return JSON.stringify(batch ? rewritten : rewritten[0]);
+}
+
 /** mulberry32: small, fast, and the same sequence for the same seed on every platform. */
 function prng(seed: number): () => number {
   let a = seed >>> 0;
@@ -67,6 +77,7 @@ interface RpcCall {
   jsonrpc?: string;
   id?: unknown;
   method?: string;
+  params?: unknown;
 }
 
 export async function startRpcFaultProxy(opts: { upstream: string; seed?: number; plan?: FaultPlan; /** How long a `timeout` holds a request: longer than the client's timeout. */ holdMs?: number }): Promise<RpcFaultProxy> {
@@ -167,7 +178,7 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
         // A batch with only some eligible calls: the others are answered by the node.
         return send(res, 200, rpcErrors(list, batch, batch ? faulted : () => true, batch && list.some((c) => !faulted(c)) ? (await forward(body)).text : undefined));
     }
-    const upstream = await forward(body);
+    const upstream = await forward(plan.pendingAsLatest ? pendingAsLatest(list, batch) ?? body : body);
     switch (fault) {
       case undefined: {
         const answers = batch && plan.batches ? (JSON.parse(upstream.text) as RpcCall[]) : undefined;

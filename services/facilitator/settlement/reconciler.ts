@@ -47,6 +47,16 @@ export const NONCE_TAKEN_GRACE_BLOCKS = 3n;
 /** A transaction left to its receipt wait is checked to be in the node's pool once it is this old (seconds). */
 const AWAITED_CHECK_S = 5;
 
+/**
+ * Blocks the head must move while a key's next transaction looks held before it is replaced: a
+ * provider whose pending nonce counts only mined transactions (many behind a balancer do) shows a
+ * healthy one so until it is mined, a block or two later.
+ */
+const HELD_BLOCKS = 3n;
+
+/** Replacements that may go above a relative fee cap the base fee's fall has lowered (1.125^5, 1.8x). */
+const RELAXED_BUMPS = 5;
+
 /** How often the outbox gauges of settled states (confirmed, reverted, dropped) are counted again. */
 const SETTLED_STATS_MS = 10_000;
 
@@ -68,6 +78,8 @@ export function startReconciler(opts: ReconcilerOptions) {
   const waitingAtLimit = new Set<string>();
   // Rows whose nonce a node called used, with the head when that was first seen.
   const nonceTakenAt = new Map<string, bigint>();
+  // Rows whose current attempt looks held by the node, with the head when first seen so.
+  const heldSince = new Map<string, { hash: string; head: bigint }>();
   let running: Promise<void> | undefined;
   let stopped = false;
   // Where this process is the store's only writer (the embedded engine), a pass that found nothing
@@ -160,6 +172,7 @@ export function startReconciler(opts: ReconcilerOptions) {
       const { receipt } = mined;
       waitingAtLimit.delete(tx.id);
       nonceTakenAt.delete(tx.id);
+      heldSince.delete(tx.id);
       await store.recordMined(tx.payment_id, tx.id, mined.hash, receipt.status === "success", receipt.gasUsed * receipt.effectiveGasPrice, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });
       return;
     }
@@ -182,11 +195,18 @@ export function startReconciler(opts: ReconcilerOptions) {
    * never promoted it once the gap closed (anvil does so under concurrent sends; a node whose pool
    * lost track of the sender can too). The same bytes again are "already known" and change
    * nothing, and every later transaction of the key waits behind it: a replacement, which the node
-   * takes in afresh, on a schedule of its own (AWAITED_CHECK_S an attempt, within the bump limit).
+   * takes in afresh, once the attempt has looked held for HELD_BLOCKS blocks (within the bump limit).
    */
   async function replaceHeld(tx: OutboxRow): Promise<void> {
     if (tx.age_seconds < AWAITED_CHECK_S * tx.hashes.length) return;
-    logger.warn({ signer: tx.signer, nonce: tx.nonce, hash: tx.hash }, "the node holds the key's next transaction without executing it; replacing it");
+    const head = await chain.client.getBlockNumber({ cacheTime: 0 }).catch(() => undefined);
+    if (head === undefined) return;
+    const seen = heldSince.get(tx.id);
+    if (seen?.hash !== tx.hash) return void heldSince.set(tx.id, { hash: tx.hash, head });
+    if (head < seen.head + HELD_BLOCKS) return;
+    heldSince.delete(tx.id);
+    // Said once an attempt; at a limit, replace() says so once.
+    if (!waitingAtLimit.has(tx.id)) logger.warn({ signer: tx.signer, nonce: tx.nonce, hash: tx.hash }, "the node holds the key's next transaction without executing it; replacing it");
     await replace(tx, false);
   }
 
@@ -244,9 +264,10 @@ export function startReconciler(opts: ReconcilerOptions) {
     // The relative cap follows the base fee: once that has fallen since the predecessor was signed,
     // any replacement (it must outbid it) is above the cap, and a transaction priced above the
     // market would "wait for the market" for ever. A replacement may go one bump above a
-    // predecessor that was within the cap when signed (maxBumps times at most: 1.8x with 5); the
-    // absolute cap (X402_MAX_FEE_PER_GAS_WEI) always holds. What is paid is the base fee plus the tip.
-    const relaxed = max(market.cap, floor.maxFeePerGas);
+    // predecessor, for the first RELAXED_BUMPS replacements (1.8x of the last fee within the cap,
+    // whatever X402_MAX_FEE_BUMPS says); the absolute cap (X402_MAX_FEE_PER_GAS_WEI) always holds.
+    // What is paid is the base fee plus the tip.
+    const relaxed = bumps < RELAXED_BUMPS ? max(market.cap, floor.maxFeePerGas) : market.cap;
     const cap = reprice ? market.cap : market.absoluteCap === undefined ? relaxed : min(relaxed, market.absoluteCap);
     if (maxFeePerGas > cap) return waitAtLimit(tx, "fee_cap");
     let maxPriorityFeePerGas = max(floor.maxPriorityFeePerGas, market.maxPriorityFeePerGas);
