@@ -10,6 +10,7 @@ import { postJson } from "./helpers/payments.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { eventually, nonceOf, publicClient, rpc } from "./helpers/onchain.ts";
 import { startRpcFaultProxy, type RpcFaultProxy } from "./helpers/rpc-fault-proxy.ts";
+import { HELD_WAIT_MS } from "../services/facilitator/settlement/reconciler.ts";
 
 let rig: Rig | undefined;
 let proxy: RpcFaultProxy | undefined;
@@ -93,4 +94,27 @@ describe.each(ENGINES)("a transaction the node holds without executing it (%s st
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(50n);
     expect(await nonceOf(rig.anvil.rpcUrl, f.signers[0] as Address)).toBe(1);
   });
+});
+
+describe("a transaction the node holds without executing it, on a chain that mines on demand", () => {
+  it("is replaced after HELD_WAIT_MS where no block comes at all", async () => {
+    rig = await startRig();
+    const url = rig.anvil.rpcUrl;
+    const f = await rig.facilitator({ receiptTimeoutMs: 1000, replaceAfterMs: 3_600_000, policy: { sendRawTransactionSync: false } });
+    const signer = f.signers[0] as Address;
+    expect((await postJson(`${f.url}/settle`, await rig.payment(100n))).json).toMatchObject({ success: true });
+    await rpc(url, "anvil_setNonce", [signer, "0x0"]);
+    const body = await rig.payment(200n);
+    const held = (await postJson(`${f.url}/settle`, body)).json.transaction as Hex;
+    await rpc(url, "anvil_setNonce", [signer, "0x1"]);
+    const head = await publicClient(url).getBlockNumber();
+    // No traffic, no block: only the wait can tell it is held.
+    await eventually(async () => ((await balanceOf(url, rig!.usdc.address, rig!.receiver)) === 300n ? true : undefined), Math.ceil((HELD_WAIT_MS + 15_000) / 500), 500);
+    const settled = (await postJson(`${f.url}/settle`, body)).json;
+    expect(settled).toMatchObject({ success: true });
+    expect(settled.transaction).not.toBe(held);
+    // The replacement's own block is the only one since.
+    expect(await publicClient(url).getBlockNumber()).toBe(head + 1n);
+    expect(await nonceOf(url, signer)).toBe(2);
+  }, HELD_WAIT_MS + 40_000);
 });

@@ -53,6 +53,8 @@ const AWAITED_CHECK_S = 5;
  * healthy one so until it is mined, a block or two later.
  */
 const HELD_BLOCKS = 3n;
+/** …or for this long where no block comes (a chain mining on demand, such as anvil's automine, with no other traffic). */
+export const HELD_WAIT_MS = 20_000;
 
 /** Replacements that may go above a relative fee cap the base fee's fall has lowered (1.125^5, 1.8x). */
 const RELAXED_BUMPS = 5;
@@ -79,7 +81,7 @@ export function startReconciler(opts: ReconcilerOptions) {
   // Rows whose nonce a node called used, with the head when that was first seen.
   const nonceTakenAt = new Map<string, bigint>();
   // Rows whose current attempt looks held by the node, with the head when first seen so.
-  const heldSince = new Map<string, { hash: string; head: bigint }>();
+  const heldSince = new Map<string, { hash: string; head: bigint; at: number }>();
   let running: Promise<void> | undefined;
   let stopped = false;
   // Where this process is the store's only writer (the embedded engine), a pass that found nothing
@@ -195,15 +197,16 @@ export function startReconciler(opts: ReconcilerOptions) {
    * never promoted it once the gap closed (anvil does so under concurrent sends; a node whose pool
    * lost track of the sender can too). The same bytes again are "already known" and change
    * nothing, and every later transaction of the key waits behind it: a replacement, which the node
-   * takes in afresh, once the attempt has looked held for HELD_BLOCKS blocks (within the bump limit).
+   * takes in afresh, once the attempt has looked held for HELD_BLOCKS blocks or HELD_WAIT_MS
+   * (within the bump limit).
    */
   async function replaceHeld(tx: OutboxRow): Promise<void> {
     if (tx.age_seconds < AWAITED_CHECK_S * tx.hashes.length) return;
     const head = await chain.client.getBlockNumber({ cacheTime: 0 }).catch(() => undefined);
     if (head === undefined) return;
     const seen = heldSince.get(tx.id);
-    if (seen?.hash !== tx.hash) return void heldSince.set(tx.id, { hash: tx.hash, head });
-    if (head < seen.head + HELD_BLOCKS) return;
+    if (seen?.hash !== tx.hash) return void heldSince.set(tx.id, { hash: tx.hash, head, at: Date.now() });
+    if (head < seen.head + HELD_BLOCKS && Date.now() - seen.at < HELD_WAIT_MS) return;
     heldSince.delete(tx.id);
     // Said once an attempt; at a limit, replace() says so once.
     if (!waitingAtLimit.has(tx.id)) logger.warn({ signer: tx.signer, nonce: tx.nonce, hash: tx.hash }, "the node holds the key's next transaction without executing it; replacing it");
