@@ -5,7 +5,7 @@
 // after the base fee fell below what that cap now allows. Judged on chain.
 import type { Address, Hex } from "viem";
 import { afterEach, describe, expect, it } from "vitest";
-import { ENGINES, startRig, type Rig } from "./helpers/settlement-rig.ts";
+import { stopRig, ENGINES, startRig, type Rig } from "./helpers/settlement-rig.ts";
 import { postJson } from "./helpers/payments.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { eventually, nonceOf, publicClient, rpc } from "./helpers/onchain.ts";
@@ -14,30 +14,33 @@ import { HELD_WAIT_MS } from "../services/facilitator/settlement/reconciler.ts";
 
 let rig: Rig | undefined;
 let proxy: RpcFaultProxy | undefined;
-afterEach(async () => {
-  await proxy?.close();
-  await rig?.stop();
-  rig = proxy = undefined;
-});
+afterEach(() => stopRig(rig, proxy).finally(() => (rig = proxy = undefined)));
+
+/**
+ * One settlement mined, then the node loses track of the key (it sees nonce 0 as next), so the
+ * next settlement's transaction (nonce 1) goes to its queue; then the gap closes, and the node
+ * holds that transaction without ever executing it. The fee schedule alone would replace it
+ * after an hour: only the held check can unstick it.
+ */
+async function heldSettlement(r: Rig) {
+  const f = await r.facilitator({ receiptTimeoutMs: 1000, replaceAfterMs: 3_600_000, policy: { sendRawTransactionSync: false } });
+  const signer = f.signers[0] as Address;
+  expect((await postJson(`${f.url}/settle`, await r.payment(100n))).json).toMatchObject({ success: true });
+  await rpc(r.anvil.rpcUrl, "anvil_setNonce", [signer, "0x0"]);
+  const body = await r.payment(200n);
+  const first = (await postJson(`${f.url}/settle`, body)).json;
+  expect(first).toMatchObject({ success: false, errorReason: "settlement_pending" });
+  await rpc(r.anvil.rpcUrl, "anvil_setNonce", [signer, "0x1"]);
+  return { f, signer, body, held: first.transaction as Hex };
+}
 
 describe.each(ENGINES)("a transaction the node holds without executing it (%s store)", (engine) => {
   it("is replaced and mined, and the key's later settlements follow it", async () => {
     rig = await startRig({ engine });
     const url = rig.anvil.rpcUrl;
-    // The fee schedule alone would replace it after an hour: only the held check can unstick it here.
-    const f = await rig.facilitator({ receiptTimeoutMs: 1000, replaceAfterMs: 3_600_000, policy: { sendRawTransactionSync: false } });
-    const signer = f.signers[0] as Address;
-    expect((await postJson(`${f.url}/settle`, await rig.payment(100n))).json).toMatchObject({ success: true });
-
-    // The node loses track of the key (it sees nonce 0 as next): our nonce 1 goes to its queue.
-    await rpc(url, "anvil_setNonce", [signer, "0x0"]);
-    const body = await rig.payment(200n);
-    const first = (await postJson(`${f.url}/settle`, body)).json;
-    expect(first).toMatchObject({ success: false, errorReason: "settlement_pending" });
-    const held = first.transaction as Hex;
-    // The gap closes, blocks go by (the base fee falls well below what the transaction was priced
-    // at), and the node still holds it unexecuted.
-    await rpc(url, "anvil_setNonce", [signer, "0x1"]);
+    const { f, signer, body, held } = await heldSettlement(rig);
+    // Blocks go by (the base fee falls well below what the transaction was priced at), and the
+    // node still holds it unexecuted.
     const baseFeeBefore = (await publicClient(url).getBlock()).baseFeePerGas!;
     await rig.test.mine({ blocks: 30 });
     expect((await publicClient(url).getBlock()).baseFeePerGas! * 10n).toBeLessThan(baseFeeBefore);
@@ -100,13 +103,7 @@ describe("a transaction the node holds without executing it, on a chain that min
   it("is replaced after HELD_WAIT_MS where no block comes at all", async () => {
     rig = await startRig();
     const url = rig.anvil.rpcUrl;
-    const f = await rig.facilitator({ receiptTimeoutMs: 1000, replaceAfterMs: 3_600_000, policy: { sendRawTransactionSync: false } });
-    const signer = f.signers[0] as Address;
-    expect((await postJson(`${f.url}/settle`, await rig.payment(100n))).json).toMatchObject({ success: true });
-    await rpc(url, "anvil_setNonce", [signer, "0x0"]);
-    const body = await rig.payment(200n);
-    const held = (await postJson(`${f.url}/settle`, body)).json.transaction as Hex;
-    await rpc(url, "anvil_setNonce", [signer, "0x1"]);
+    const { f, signer, body, held } = await heldSettlement(rig);
     const head = await publicClient(url).getBlockNumber();
     // No traffic, no block: only the wait can tell it is held.
     await eventually(async () => ((await balanceOf(url, rig!.usdc.address, rig!.receiver)) === 300n ? true : undefined), Math.ceil((HELD_WAIT_MS + 15_000) / 500), 500);

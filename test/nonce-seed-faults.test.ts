@@ -2,18 +2,14 @@
 // does not answer that read, every settlement waiting on it is told so (503, nothing sent), never a
 // failed payment; once the provider answers, each settles once, judged on chain.
 import { afterEach, describe, expect, it } from "vitest";
-import { startRig, type Rig } from "./helpers/settlement-rig.ts";
+import { stopRig, startRig, type Rig } from "./helpers/settlement-rig.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { postJson } from "./helpers/payments.ts";
 import { startRpcFaultProxy, type RpcFaultProxy } from "./helpers/rpc-fault-proxy.ts";
 
 let rig: Rig | undefined;
 let proxy: RpcFaultProxy | undefined;
-afterEach(async () => {
-  await proxy?.close();
-  await rig?.stop();
-  rig = proxy = undefined;
-});
+afterEach(() => stopRig(rig, proxy).finally(() => (rig = proxy = undefined)));
 
 describe("the shared nonce-seed read", () => {
   it("a provider timeout on it answers every waiting settlement 503, none a failed payment; healed, each settles once", async () => {

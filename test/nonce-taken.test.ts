@@ -4,7 +4,7 @@
 // transaction up only after the chain has moved on without a receipt of ours; judged on chain.
 import { afterEach, describe, expect, it } from "vitest";
 import type { Address, Hex } from "viem";
-import { ENGINES, startRig, type Rig } from "./helpers/settlement-rig.ts";
+import { stopRig, ENGINES, startRig, type Rig } from "./helpers/settlement-rig.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { postJson } from "./helpers/payments.ts";
 import { nonceOf, publicClient, rpc, sendFrom } from "./helpers/onchain.ts";
@@ -13,11 +13,7 @@ import { NONCE_TAKEN_GRACE_BLOCKS } from "../services/facilitator/settlement/rec
 
 let rig: Rig | undefined;
 let proxy: RpcFaultProxy | undefined;
-afterEach(async () => {
-  await proxy?.close();
-  await rig?.stop();
-  rig = proxy = undefined;
-});
+afterEach(() => stopRig(rig, proxy).finally(() => (rig = proxy = undefined)));
 
 describe.each(ENGINES)("a nonce the node calls used (%s store)", (engine) => {
   it("our own transaction, mined but invisible to receipt lookups, is not given up: recorded as the success it is", async () => {

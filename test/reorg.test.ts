@@ -4,7 +4,7 @@
 import { afterEach, describe, expect, it } from "vitest";
 import { encodeFunctionData, erc20Abi, parseGwei, type Address, type Hex } from "viem";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
-import { ENGINES, startRig, type Rig } from "./helpers/settlement-rig.ts";
+import { stopRig, ENGINES, startRig, type Rig } from "./helpers/settlement-rig.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { postJson } from "./helpers/payments.ts";
 import { eventually, metricSum, nonceOf, publicClient, rpc } from "./helpers/onchain.ts";
@@ -12,11 +12,7 @@ import { callsDuring, startRpcFaultProxy, type RpcFaultProxy } from "./helpers/r
 
 let rig: Rig | undefined;
 let proxy: RpcFaultProxy | undefined;
-afterEach(async () => {
-  await proxy?.close();
-  await rig?.stop();
-  rig = proxy = undefined;
-});
+afterEach(() => stopRig(rig, proxy).finally(() => (rig = proxy = undefined)));
 
 describe.each(ENGINES)("reorgs (%s store)", (engine) => {
   it("settlements mined in one block are watched through that block: no receipt lookup per transaction, and all sent again when it leaves the chain", async () => {

@@ -6,7 +6,7 @@
 // spends between verify and settle: settle-reverts.test.ts.)
 import { afterEach, describe, expect, it } from "vitest";
 import type { Hex } from "viem";
-import { startRig, type Rig } from "./helpers/settlement-rig.ts";
+import { stopRig, startRig, type Rig } from "./helpers/settlement-rig.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { postJson } from "./helpers/payments.ts";
 import { publicClient } from "./helpers/onchain.ts";
@@ -14,11 +14,7 @@ import { callsDuring, startRpcFaultProxy, type RpcFaultProxy } from "./helpers/r
 
 let rig: Rig | undefined;
 let proxy: RpcFaultProxy | undefined;
-afterEach(async () => {
-  await proxy?.close();
-  await rig?.stop();
-  rig = proxy = undefined;
-});
+afterEach(() => stopRig(rig, proxy).finally(() => (rig = proxy = undefined)));
 
 /** Calls that would be a simulation or a quote on the settlement's path (the background fee reads are not). */
 const onPath = (calls: Record<string, number>) => (calls.eth_estimateGas ?? 0) + (calls.eth_call ?? 0);

@@ -4,7 +4,7 @@
 // Counted at an RPC proxy in front of a real anvil.
 import { afterEach, describe, expect, it } from "vitest";
 import type { Address, Hex } from "viem";
-import { startRig, type Rig } from "./helpers/settlement-rig.ts";
+import { stopRig, startRig, type Rig } from "./helpers/settlement-rig.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { postJson } from "./helpers/payments.ts";
 import { eventually, nonceOf, publicClient } from "./helpers/onchain.ts";
@@ -13,11 +13,7 @@ import { callsDuring, startRpcFaultProxy, type RpcFaultProxy } from "./helpers/r
 
 let rig: Rig | undefined;
 let proxy: RpcFaultProxy | undefined;
-afterEach(async () => {
-  await proxy?.close();
-  await rig?.stop();
-  rig = proxy = undefined;
-});
+afterEach(() => stopRig(rig, proxy).finally(() => (rig = proxy = undefined)));
 
 const callsOf = (p: RpcFaultProxy, fn: () => Promise<unknown>) => callsDuring(p, fn, 50);
 

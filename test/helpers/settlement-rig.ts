@@ -88,3 +88,9 @@ export async function startRig(opts: { keys?: number; engine?: "embedded" | "pos
     },
   };
 }
+
+/** Stops what a test started: the fault proxy in front of the rig's node first, then the rig. */
+export async function stopRig(rig: Rig | undefined, proxy?: { close(): Promise<void> }): Promise<void> {
+  await proxy?.close();
+  await rig?.stop();
+}
