@@ -287,20 +287,21 @@ async function main() {
   // Resident memory right after the bursts (the heap that a burst's requests in flight grew), then
   // in the steady state: after IDLE_S seconds without requests, when V8's memory reducer has
   // given back what the burst needed. The peak is the most the process ever held.
-  const rss = async (pid: number | undefined) => (pid === undefined ? undefined : procStats(pid));
   const processes = { facilitatorEmbedded: ours1.child.pid, facilitatorPostgres: ours4pg?.child.pid, router: router.pid, reference: ref.pid };
-  const afterLoad = Object.fromEntries(await Promise.all(Object.entries(processes).map(async ([k, pid]) => [k, (await rss(pid))?.rssMb]))) as Record<keyof typeof processes, number | undefined>;
+  const readMemory = async () =>
+    Object.fromEntries(await Promise.all(Object.entries(processes).map(async ([k, pid]) => [k, pid === undefined ? undefined : await procStats(pid)]))) as Record<keyof typeof processes, { rssMb: number; peakRssMb: number } | undefined>;
+  const afterLoad = await readMemory();
   const IDLE_S = 20;
   console.error(`memory: ${IDLE_S} s idle...`);
   await new Promise((r) => setTimeout(r, IDLE_S * 1000));
-  const steady = Object.fromEntries(await Promise.all(Object.entries(processes).map(async ([k, pid]) => [k, await rss(pid)]))) as Record<keyof typeof processes, { rssMb: number; peakRssMb: number } | undefined>;
+  const steady = await readMemory();
   const memory = {
     idleSeconds: IDLE_S,
     facilitatorEmbeddedRssMb: steady.facilitatorEmbedded!.rssMb,
     facilitatorPostgresRssMb: steady.facilitatorPostgres?.rssMb,
     routerRssMb: steady.router!.rssMb,
     referenceRssMb: steady.reference!.rssMb,
-    afterLoadRssMb: afterLoad,
+    afterLoadRssMb: Object.fromEntries(Object.entries(afterLoad).map(([k, v]) => [k, v?.rssMb])),
     peakRssMb: Object.fromEntries(Object.entries(steady).map(([k, v]) => [k, v?.peakRssMb])),
   };
   const trio = (m: Record<string, number | undefined>) => `${m.facilitatorEmbedded}; ${m.facilitatorPostgres ?? "n/a"}; ${m.router}`;

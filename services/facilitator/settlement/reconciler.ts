@@ -159,7 +159,7 @@ export function startReconciler(opts: ReconcilerOptions) {
       if (tx.age_seconds < AWAITED_CHECK_S) return;
       const pending = await pendingNonce(view, tx.signer);
       if (blocking && nonce === pending) {
-        // The node does not count it, though it may hold it: see heldUnexecuted.
+        // The node does not count it, though it may hold it: see replaceHeld.
         const known = await chain.client.getTransaction({ hash: tx.hash }).catch(() => undefined);
         if (known && known.blockNumber === null) await replaceHeld(tx);
         else if (!known) await handle(tx, await signer.send(tx));
