@@ -28,7 +28,8 @@ import type { OutboxSigner } from "./settlement/outbox-signer.ts";
 import { withDecodedReverts } from "./settlement/reverts.ts";
 import type { Refusal, Screening } from "./screening.ts";
 import { ScreeningUnavailableError, type ScreeningHook } from "./screening-hook.ts";
-import { SCHEME_TRANSACTION_KINDS, type GasMeter } from "./settlement/gas-meter.ts";
+import { GAS_BUDGET_EXHAUSTED, SCHEME_TRANSACTION_KINDS, type GasMeter } from "./settlement/gas-meter.ts";
+import { planPayment, type PaymentPlan } from "./plan.ts";
 import { extractAndValidatePaymentIdentifier } from "@x402/extensions/payment-identifier";
 import { createErc20ApprovalGasSponsoringExtension } from "@x402/extensions";
 import { sponsorVerdict, type ApprovalSponsor, type SponsorRefusal } from "./settlement/approval-sponsor.ts";
@@ -201,21 +202,50 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
    * Why a payment is refused before any RPC call (worthless, or screened out), or undefined. A
    * screening service that cannot answer under fail-closed is not a verdict: 503, nothing sent.
    */
-  async function refusalOf(payload: PaymentPayload, requirements: PaymentRequirements, step: "verify" | "settle"): Promise<{ reason: string; message: string } | undefined> {
+  const planOf = (payload: PaymentPayload, requirements: PaymentRequirements) =>
+    planPayment(payload, requirements, { walletDeployment: factories.length > 0, gasFunding: !!sponsor });
+
+  /**
+   * Why a payment is refused before any RPC call (worthless, or screened out), or undefined. Every
+   * flow of its plan is screened: each payer and payee any of its transactions would touch (a batch
+   * claim's channels, a sweep's receiver), not only the request's payTo. A screening service that
+   * cannot answer under fail-closed is not a verdict: 503, nothing sent.
+   */
+  async function refusalOf(payload: PaymentPayload, requirements: PaymentRequirements, plan: PaymentPlan, step: "verify" | "settle"): Promise<{ reason: string; message: string } | undefined> {
     const worthless = worthlessReason(payload, requirements, step);
     if (worthless) return { reason: "invalid_payment_requirements", message: worthless };
-    const listed: Refusal | undefined = opts.screening?.check(payerOf(payload), requirements.payTo);
-    if (listed) {
-      opts.metrics.screeningChecks.inc({ network: opts.network, source: "deny_list", result: "denied" });
-      return listed;
+    for (const flow of plan.flows) {
+      const listed: Refusal | undefined = opts.screening?.check(flow.payer, flow.payee);
+      if (listed) {
+        opts.metrics.screeningChecks.inc({ network: opts.network, source: "deny_list", result: "denied" });
+        return listed;
+      }
     }
     if (!opts.screeningHook) return undefined;
+    const questions = new Map(plan.flows.map((f) => [`${f.payer}|${f.payee}|${f.asset}|${f.amount}`, f]));
     try {
-      return await opts.screeningHook.check({ network: opts.network, scheme: requirements.scheme, asset: requirements.asset, amount: requirements.amount, payer: payerOf(payload), payee: requirements.payTo, step });
+      const verdicts = await Promise.all(
+        [...questions.values()].map((f) => opts.screeningHook!.check({ network: opts.network, scheme: requirements.scheme, asset: f.asset, amount: f.amount, payer: f.payer, payee: f.payee, step })),
+      );
+      return verdicts.find((v) => v !== undefined);
     } catch (e) {
       if (e instanceof ScreeningUnavailableError) throw new RequestError("backend_unavailable", e.message);
       throw e;
     }
+  }
+
+  /**
+   * A tenant's allowance that cannot cover the plan's worst case (every step at its gas ceiling and
+   * the fee cap, plus a funding's value): refused before the first step, so no payment is left half
+   * done (a funding sent, its settlement refused).
+   */
+  async function budgetRefusal(plan: PaymentPlan, gas: GasMeter | undefined): Promise<{ reason: string; message: string } | undefined> {
+    const remaining = gas?.remaining();
+    if (remaining === undefined) return undefined;
+    const parts = await Promise.all(plan.steps.map((s) => (s.kinds.includes("gas_funding") && sponsor ? Promise.all([opts.signer.worstCase(s.kinds), sponsor.fundingBound()]).then(([a, b]) => a + b) : opts.signer.worstCase(s.kinds))));
+    const worst = parts.reduce((a, b) => a + b, 0n);
+    if (worst <= remaining) return undefined;
+    return { reason: GAS_BUDGET_EXHAUSTED, message: `this payment may cost up to ${worst} wei (${plan.steps.map((s) => s.purpose).join(", ")}), more than the ${remaining} wei left of the API key's gas budget for today; nothing was sent` };
   }
 
   /**
@@ -248,7 +278,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       const labels = { network: opts.network, scheme: requirements.scheme };
       const end = opts.metrics.verifyDuration.startTimer(labels);
       await checkIdentifier(payload, requirements);
-      const refusal = await refusalOf(payload, requirements, "verify");
+      const refusal = await refusalOf(payload, requirements, planOf(payload, requirements), "verify");
       const response = await withSpan("facilitator.verify", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: VerifyResponse;
         const { failed, value, error } = refusal
@@ -290,7 +320,9 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       const labels = { network: opts.network, scheme: requirements.scheme };
       const end = opts.metrics.settleDuration.startTimer(labels);
       const clientId = await checkIdentifier(payload, requirements);
-      const refusal = await refusalOf(payload, requirements, "settle");
+      const plan = planOf(payload, requirements);
+      // A plan the fees cannot be read for now is not refused here: each step's own commit still bounds it.
+      const refusal = (await refusalOf(payload, requirements, plan, "settle")) ?? (await budgetRefusal(plan, gas).catch(() => undefined));
       const response = await withSpan("facilitator.settle", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: SettleResponse;
         const { failed, value, error } = refusal
@@ -304,6 +336,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
                 ...settleJobOf(payload, requirements),
                 clientId,
                 gas,
+                plan,
                 run: () =>
                   withAssetCode(opts.signer, requirements, async () => {
                     const refused = (reason: string, message?: string) =>

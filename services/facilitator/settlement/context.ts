@@ -4,6 +4,7 @@
 import { AsyncLocalStorage } from "node:async_hooks";
 import type { Address } from "viem";
 import type { GasMeter } from "./gas-meter.ts";
+import type { PaymentPlan } from "../plan.ts";
 
 export interface SettlementContext {
   paymentId: string;
@@ -18,6 +19,8 @@ export interface SettlementContext {
   failure?: { code: string; message: string };
   /** The caller's gas allowance (a tenant's budget), checked before each transaction is signed. */
   gas?: GasMeter;
+  /** What the payment may make the signer send (plan.ts): every transaction of the run is admitted by it first. */
+  plan?: PaymentPlan;
 }
 
 export const settlementContext = new AsyncLocalStorage<SettlementContext>();

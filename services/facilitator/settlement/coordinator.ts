@@ -26,6 +26,7 @@ import type { PaymentPayload, PaymentRequirements, SettleResponse } from "@x402/
 import { erc20Abi, type Address } from "viem";
 import type { ChainClient } from "../chain.ts";
 import type { GasMeter } from "./gas-meter.ts";
+import type { PaymentPlan } from "../plan.ts";
 import { SETTLEMENT_BUSY, SETTLEMENT_PENDING, failureAnswer, pendingAnswer } from "./answers.ts";
 import { settlementContext } from "./context.ts";
 import { paymentDigest, paymentIdentity } from "./payment-id.ts";
@@ -61,6 +62,8 @@ export interface SettleJob {
   reservation?: { asset: Address; payer: Address; amount: bigint; insufficientReason: string };
   /** The caller's gas allowance and spend (the router's tenant budgets). */
   gas?: GasMeter;
+  /** Every transaction the run may send (plan.ts); the signer refuses any other. */
+  plan?: PaymentPlan;
   run: () => Promise<SettleResponse>;
 }
 
@@ -145,7 +148,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
         await store.release(paymentId, owner);
         return refusal;
       }
-      result = await settlementContext.run({ paymentId, owner, signer: job.signer, gas: job.gas }, job.run);
+      result = await settlementContext.run({ paymentId, owner, signer: job.signer, gas: job.gas, plan: job.plan && { ...job.plan, admitted: new Set() } }, job.run);
     } catch (e) {
       await store.release(paymentId, owner); // a no-op when a transaction exists: that one is still driven to its end
       throw e;

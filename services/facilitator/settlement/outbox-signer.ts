@@ -30,6 +30,7 @@ import { settlementContext } from "./context.ts";
 import type { DataFeeModel } from "../network-policy.ts";
 import { BelowFeeFloorError, DEFAULT_BASE_FEE_MULTIPLIER, GasCeilingExceededError, createGasPolicy, transactionKind, type Fees, type GasPolicy, type TransactionKind } from "./gas-policy.ts";
 import { GAS_BUDGET_EXHAUSTED } from "./gas-meter.ts";
+import { admit, TRANSACTION_NOT_PLANNED } from "../plan.ts";
 import { createHeadTracker } from "./head.ts";
 import { pollMined, sleep } from "./receipts.ts";
 import { recoverSigner } from "../crypto/secp256k1.ts";
@@ -121,7 +122,7 @@ export interface OutboxSigner extends FacilitatorEvmSigner {
   /** Current fees, clamped to the cap, with the cap itself. */
   marketFees(): Promise<MarketFees>;
   /** The most one transaction of these kinds may cost right now: the highest ceiling x the fee cap. */
-  worstCase(kinds: TransactionKind[]): Promise<bigint>;
+  worstCase(kinds: readonly TransactionKind[]): Promise<bigint>;
   inFlight(): Record<Address, number>;
   /** An address just got code (a wallet we deployed): its cached "no code" must not outlive that. */
   forgetCode(address: Address): void;
@@ -411,6 +412,13 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     const account = pick();
     const value = args.value ?? 0n;
     const kind = transactionKind(account.address, args.to, args.data, { value, factories: opts.eip6492Factories });
+    // One place decides what a payment sends (plan.ts): a transaction its plan does not name, or that
+    // pays an address the plan did not screen, is never signed.
+    const outsidePlan = ctx?.plan && admit(ctx.plan, { kind, to: args.to, data: args.data, value });
+    if (outsidePlan) {
+      opts.logger.warn({ kind, why: outsidePlan }, "transaction outside the payment's plan: not signed");
+      fail(kind, TRANSACTION_NOT_PLANNED, `${outsidePlan}; nothing was sent`);
+    }
     busy.set(account.address, busy.get(account.address)! + 1);
     let awaitingReceipt = false;
     try {
@@ -481,7 +489,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
         await retire(row, outcome, outcome);
         fail(kind, undefined, `the node refused the ${kind} transaction (${outcome}); nothing was sent`);
       }
-      ctx?.gas?.noteSent(row.id);
+      ctx?.gas?.noteSent(row.id, value);
       crash("after_broadcast", opts.crashAt);
       if (sent.size > 10_000) {
         // Entries are removed by the receipt wait; this bounds the rare leftovers.
@@ -591,7 +599,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
             const { receipt } = mined;
             if (row) {
               await opts.store.markMined(row.id, mined.hash, receipt.status === "success", receipt.gasUsed * receipt.effectiveGasPrice, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });
-              settlementContext.getStore()?.gas?.noteMined(row.id, receipt.gasUsed * receipt.effectiveGasPrice);
+              settlementContext.getStore()?.gas?.noteMined(row.id, receipt);
             }
             if (receipt.status !== "success") await noteMinedRevert(mined.hash);
             return receipt;
