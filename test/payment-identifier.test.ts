@@ -1,7 +1,8 @@
 // The payment-identifier extension (an idempotency id from the client), judged on chain: a retried
 // /settle with the same id and payment gets the very same answer and moves the money once; the same
 // id on a different payment is refused (409) at /verify and /settle and nothing is sent; /verify
-// never binds an id (it is read-only), nor does a refused payment; a malformed id is a 400.
+// never binds an id (it is read-only), nor does a refused payment; a malformed id is a 400. Ids are
+// per payer: another payer's use of the same id never blocks this payer's payment.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createPublicClient, http, type Address } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
@@ -27,11 +28,11 @@ afterAll(async () => {
 const net = () => devnet.info.networks[0]!;
 const usdc = () => net().assets.find((a) => a.transferMethods.includes("eip3009"))!;
 
-/** A reference client's payment of `amount` carrying payment identifier `id` (service-contract body). */
-async function payment(amount: string, id: string) {
+/** A reference client's payment of `amount` carrying payment identifier `id` (service-contract body), from the devnet's payer `payer`. */
+async function payment(amount: string, id: string, payer = 0) {
   const requirements = { scheme: "exact", network: "eip155:8453" as const, asset: usdc().address, amount, payTo: devnet.info.receivers[0]!.address, maxTimeoutSeconds: 300, extra: { name: usdc().eip712!.name, version: usdc().eip712!.version } };
   const paymentRequired = { x402Version: 2, resource: { url: "https://api.example.com/report" }, accepts: [requirements], extensions: { "payment-identifier": declarePaymentIdentifierExtension() } } as unknown as PaymentRequired;
-  const client = x402Client.fromConfig({ schemes: [{ network: "eip155:*", client: new ExactEvmClient(privateKeyToAccount(devnet.info.payers[0]!.privateKey)) }] });
+  const client = x402Client.fromConfig({ schemes: [{ network: "eip155:*", client: new ExactEvmClient(privateKeyToAccount(devnet.info.payers[payer]!.privateKey)) }] });
   const paymentPayload: PaymentPayload = await client.createPaymentPayload(paymentRequired);
   paymentPayload.extensions = appendPaymentIdentifierToExtensions({ ...paymentRequired.extensions }, id);
   return { x402Version: 2, paymentPayload, paymentRequirements: requirements };
@@ -64,6 +65,30 @@ describe("the payment-identifier extension", () => {
       expect(r.json.error).toBe(`payment_identifier_conflict: payment identifier ${id} was already used for a different payment; a new payment needs a new id`);
     }
     expect(await chainState()).toEqual({ received: before.received + 4100n, sent: before.sent + 1 });
+  });
+
+  it("ids are per payer: another payer binding the id first with a payment of its own that settles never blocks this payer's payment", async () => {
+    const router = devnet.info.routerUrl;
+    const id = generatePaymentId(); // learned by the attacker (a log, a shared client, a guess)
+    const before = await chainState();
+    const attackers = await postJson(`${router}/settle`, await payment("4700", id, 1));
+    expect(attackers.json).toMatchObject({ success: true });
+    expect(await chainState()).toEqual({ received: before.received + 4700n, sent: before.sent + 1 });
+
+    // The genuine payer's payment with the same id: verified and settled, its money moved.
+    const genuine = await payment("4800", id, 0);
+    expect((await postJson(`${router}/verify`, genuine)).json).toMatchObject({ isValid: true });
+    const settled = await postJson(`${router}/settle`, genuine);
+    expect(settled.status).toBe(200);
+    expect(settled.json).toMatchObject({ success: true, payer: devnet.info.payers[0]!.address });
+    expect(await chainState()).toEqual({ received: before.received + 4700n + 4800n, sent: before.sent + 2 });
+
+    // Within each payer the id still names one payment: a new payment of either with it is a 409, nothing sent.
+    for (const payer of [0, 1]) {
+      const r = await postJson(`${router}/settle`, await payment("4900", id, payer));
+      expect(r.status, `payer ${payer}`).toBe(409);
+    }
+    expect(await chainState()).toEqual({ received: before.received + 4700n + 4800n, sent: before.sent + 2 });
   });
 
   it("/verify is read-only: an id seen only at /verify binds nothing", async () => {

@@ -80,6 +80,37 @@ describe.each(ENGINES)("reorgs (%s store)", (engine) => {
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(501n);
   });
 
+  it("once a reorg took its transaction off the chain, a retry is never told the stale success: pending while it is sent again, then the re-mined outcome", async () => {
+    rig = await startRig({ engine });
+    const f = await rig.facilitator({ receiptTimeoutMs: 500 });
+    const client = publicClient(rig.anvil.rpcUrl);
+    const body = await rig.payment(600n);
+    const answer = (await postJson(`${f.url}/settle`, body)).json;
+    expect(answer).toMatchObject({ success: true });
+    const hash = answer.transaction as Hex;
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(600n);
+
+    // The block leaves the chain and nothing is mined: the reconciler finds out and sends the bytes again.
+    await rig.test.setAutomine(false);
+    await rpc(rig.anvil.rpcUrl, "anvil_reorg", [1, []]);
+    await f.reconciler.pass();
+    await expect(client.getTransactionReceipt({ hash })).rejects.toThrow();
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(0n);
+    // The payee holds nothing on the canonical chain: the retry is pending on the same transaction, not the old success.
+    const retry = (await postJson(`${f.url}/settle`, body)).json;
+    expect(retry).toMatchObject({ success: false, errorReason: "settlement_pending", transaction: hash });
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(0n);
+
+    // Mined again: the retry answers the chain's outcome, the same transaction, the payee paid once.
+    await rig.test.mine({ blocks: 1 });
+    await rig.test.setAutomine(true);
+    expect((await client.getTransactionReceipt({ hash })).status).toBe("success");
+    const settled = (await postJson(`${f.url}/settle`, body)).json;
+    expect(settled).toMatchObject({ success: true, transaction: hash });
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(600n);
+    expect(await metricSum(f.adminUrl, "x402_settlement_reversed_total")).toBe(0);
+  });
+
   it("a success whose transaction, mined again after a reorg, reverts is corrected to a failure; gas is counted once", async () => {
     rig = await startRig({ engine });
     const f = await rig.facilitator();

@@ -29,7 +29,7 @@ import type { GasMeter } from "./gas-meter.ts";
 import type { PaymentPlan } from "../plan.ts";
 import { SETTLEMENT_BUSY, SETTLEMENT_PENDING, failureAnswer, pendingAnswer } from "./answers.ts";
 import { settlementContext } from "./context.ts";
-import { paymentDigest, paymentIdentity } from "./payment-id.ts";
+import { identifierScope, paymentDigest, paymentIdentity } from "./payment-id.ts";
 import { pollMined, sleep } from "./receipts.ts";
 import { isDecisive, isFinal, type OutboxRow, type SettlementStore } from "./store.ts";
 
@@ -103,7 +103,8 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
    */
   async function recordOutcome(paymentId: string, txs: OutboxRow[], open: OutboxRow[], gas?: GasMeter): Promise<boolean> {
     for (const tx of open) {
-      const mined = await pollMined(opts.chain, tx.hashes, opts.confirmations); // one shared, budgeted poller per process
+      // One shared, budgeted poller per process; a watch per reorg, so a receipt of a block that left the chain is never reused.
+      const mined = await pollMined(opts.chain, tx.hashes, opts.confirmations, tx.reorged_at ?? undefined);
       if (mined) {
         const { receipt } = mined;
         await store.recordMined(paymentId, tx.id, mined.hash, receipt.status === "success", receipt.gasUsed * receipt.effectiveGasPrice, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });
@@ -222,16 +223,22 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
 
   return {
     processId,
-    /** The payment-identifier extension: whether the identifier is already bound to a different payment (read-only). */
+    /**
+     * The payment-identifier extension: whether the payer's identifier is already bound to a
+     * different payment (read-only). Another payer's use of the same id is no conflict.
+     */
     async identifierConflict(identifier: string, payload: PaymentPayload, requirements: PaymentRequirements): Promise<boolean> {
-      return conflicts(await store.identifierBinding(identifier), paymentIdentity(payload, requirements).id, paymentDigest(payload, requirements));
+      const identity = paymentIdentity(payload, requirements);
+      return conflicts(await store.identifierBinding(identifier, identifierScope(payload, identity.payer)), identity.id, paymentDigest(payload, requirements));
     },
     /**
-     * Binds the identifier to this payment once it settled or sent a transaction (a refused or
-     * forged payment never takes an id from the genuine one). First come; idempotent for retries.
+     * Binds the payer's identifier to this payment once it settled or sent a transaction (a refused
+     * or forged payment never takes an id from the genuine one). First come per payer; idempotent
+     * for retries.
      */
     async bindIdentifier(identifier: string, payload: PaymentPayload, requirements: PaymentRequirements): Promise<void> {
-      await store.bindIdentifier(identifier, paymentIdentity(payload, requirements).id, paymentDigest(payload, requirements));
+      const identity = paymentIdentity(payload, requirements);
+      await store.bindIdentifier(identifier, identifierScope(payload, identity.payer), identity.id, paymentDigest(payload, requirements));
     },
     async settle(job: SettleJob): Promise<SettleResponse> {
       const identity = paymentIdentity(job.payload, job.requirements);

@@ -43,6 +43,20 @@ export function paymentIdentity(payload: PaymentPayload, requirements: PaymentRe
 }
 
 /**
+ * Whose a client's payment identifier is (the payment-identifier extension): ids are bound per
+ * payer, so an id another payer used, or took first, never blocks this payer's payment. The payer
+ * is the identity's (the EIP-3009 or Permit2 `from`, whose signature the settlement checked before
+ * a binding is written); for a batch-settlement payload, the channel's payer or the swept receiver.
+ * Lower case; "" for payloads that name none (claims): those share one scope.
+ */
+export function identifierScope(payload: PaymentPayload, identityPayer: string | null): string {
+  if (identityPayer) return identityPayer.toLowerCase();
+  const p = payload.payload as { channelConfig?: { payer?: unknown }; receiver?: unknown };
+  const named = p.channelConfig?.payer ?? p.receiver;
+  return typeof named === "string" && /^0x[0-9a-fA-F]{40}$/.test(named) ? named.toLowerCase() : "";
+}
+
+/**
  * The digest of the whole payment as it would be executed: the signed payload and its extensions
  * (an EIP-2612 permit rides there) and the requirements that decide the transfer. Fields that do
  * not change what moves (description, resource, timeouts, extra) are left out, so honest retries of

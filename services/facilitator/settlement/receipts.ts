@@ -116,9 +116,13 @@ export function createReceiptPoller(chain: ChainClient, opts: ReceiptPollerOptio
   }
 
   return {
-    /** The mined receipt of one of the hashes (deep enough), or undefined when not (yet) known. */
-    async find(hashes: readonly Hex[], confirmations: number): Promise<MinedTransaction | undefined> {
-      const key = `${confirmations}:${[...hashes].sort().join(",")}`;
+    /**
+     * The mined receipt of one of the hashes (deep enough), or undefined when not (yet) known.
+     * `since`: when a reorg last put the transaction back on its way; a receipt found before then
+     * is of a block that left the chain, so the watch starts afresh.
+     */
+    async find(hashes: readonly Hex[], confirmations: number, since?: string): Promise<MinedTransaction | undefined> {
+      const key = `${confirmations}:${since ?? ""}:${[...hashes].sort().join(",")}`;
       let now = Date.now();
       sweep(now);
       let w = watches.get(key);
@@ -184,6 +188,6 @@ export function receiptPoller(chain: ChainClient): ReceiptPoller {
 }
 
 /** Shared, budgeted lookup: what a waiter calls on every turn of its loop. */
-export function pollMined(chain: ChainClient, hashes: readonly Hex[], confirmations: number): Promise<MinedTransaction | undefined> {
-  return receiptPoller(chain).find(hashes, confirmations);
+export function pollMined(chain: ChainClient, hashes: readonly Hex[], confirmations: number, since?: string): Promise<MinedTransaction | undefined> {
+  return receiptPoller(chain).find(hashes, confirmations, since);
 }

@@ -9,6 +9,7 @@
 //   executed again, only its transactions are driven to a receipt.
 // - succeeded | failed: final, with the answer every caller gets (a CHECK: a final state always has
 //   its answer, and only a final state has one). A pending answer is built on read, never stored.
+//   Only a reorg that takes its transaction off the chain puts it back to sent (reorged).
 import type { SettleResponse } from "@x402/core/types";
 import type { Database, Migration } from "../../platform/storage.ts";
 import { minedAnswer, rejectedAnswer } from "./answers.ts";
@@ -168,6 +169,24 @@ ALTER TABLE settlement_payments ADD CONSTRAINT settlement_payments_answered CHEC
 DROP INDEX settlement_payments_in_flight;
 CREATE INDEX settlement_payments_in_flight ON settlement_payments (network, asset, reserved_payer) WHERE reserved IS NOT NULL AND state IN ('claimed', 'sent')`,
   },
+  {
+    // A final answer a reorg took back: the payment is `sent` again until the chain decides anew,
+    // and this keeps what it had been answered (a success that becomes a failure is counted).
+    id: "settlement/008_reorged_answer",
+    sql: `ALTER TABLE settlement_payments ADD COLUMN reorged_from text`,
+  },
+  {
+    // A client's payment identifier is its payer's: bound per (network, payer, identifier), so
+    // another payer using the same id never blocks this one. Rows from before take their payment's
+    // payer where it has one ('' otherwise: payments without a payer share one scope).
+    id: "settlement/009_identifier_per_payer",
+    sql: `
+ALTER TABLE settlement_payment_identifiers ADD COLUMN payer text NOT NULL DEFAULT '';
+UPDATE settlement_payment_identifiers i SET payer = lower(p.payer) FROM settlement_payments p
+  WHERE p.network = i.network AND p.payment_id = i.payment_id AND p.payer IS NOT NULL;
+ALTER TABLE settlement_payment_identifiers DROP CONSTRAINT settlement_payment_identifiers_pkey;
+ALTER TABLE settlement_payment_identifiers ADD PRIMARY KEY (network, payer, identifier)`,
+  },
 ];
 
 /** Whether a transaction can decide its payment's outcome: the mechanism's own, not one that prepared it. */
@@ -227,6 +246,8 @@ export interface OutboxRow {
   revert_message: string | null;
   /** Put back on its way by a reorg once (its outcome may correct a recorded one). */
   reorged: boolean;
+  /** When a reorg last did so: a receipt seen before then is of a block that left the chain. */
+  reorged_at: string | null;
 }
 
 export interface SignedTransaction {
@@ -258,7 +279,7 @@ export interface NewOutboxEntry {
 const OUTBOX_COLUMNS = `id::text AS id, payment_id, signer, nonce::text AS nonce, to_address, data, gas::text AS gas,
   max_fee_per_gas::text AS max_fee_per_gas, max_priority_fee_per_gas::text AS max_priority_fee_per_gas,
   raw_tx, hash, hashes, state, attempts, mined_hash, EXTRACT(EPOCH FROM (now() - COALESCE(reorged_at, created_at)))::float8 AS age_seconds,
-  raw_txs, kind, reject_reason, mined_block_number::text AS mined_block_number, mined_block_hash, revert_reason, revert_message, value::text AS value, reorged_at IS NOT NULL AS reorged`;
+  raw_txs, kind, reject_reason, mined_block_number::text AS mined_block_number, mined_block_hash, revert_reason, revert_message, value::text AS value, reorged_at IS NOT NULL AS reorged, reorged_at::text AS reorged_at`;
 
 /** What recording a mined transaction needs of its outbox row. */
 interface MinedFacts {
@@ -423,22 +444,26 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     },
 
     /**
-     * Binds a client's payment identifier to this payment, unless it is bound already; returns the
-     * payment it is bound to (this one, or the one that came first).
+     * Binds a payer's payment identifier (`payer`: payment-id.ts identifierScope) to this payment,
+     * unless it is bound already; returns the payment it is bound to (this one, or the one that
+     * came first).
      */
-    async bindIdentifier(identifier: string, paymentId: string, digest: string): Promise<{ paymentId: string; digest: string }> {
+    async bindIdentifier(identifier: string, payer: string, paymentId: string, digest: string): Promise<{ paymentId: string; digest: string }> {
       const [row] = await db.query<{ payment_id: string; digest: string }>(
-        `INSERT INTO settlement_payment_identifiers (network, identifier, payment_id, digest) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (network, identifier) DO UPDATE SET identifier = EXCLUDED.identifier
+        `INSERT INTO settlement_payment_identifiers (network, payer, identifier, payment_id, digest) VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (network, payer, identifier) DO UPDATE SET identifier = EXCLUDED.identifier
          RETURNING payment_id, digest`,
-        [network, identifier, paymentId, digest],
+        [network, payer, identifier, paymentId, digest],
       );
       return { paymentId: row!.payment_id, digest: row!.digest };
     },
 
-    /** The payment a client's identifier is bound to, if any (read-only: /verify). */
-    async identifierBinding(identifier: string): Promise<{ paymentId: string; digest: string } | undefined> {
-      const [row] = await db.query<{ payment_id: string; digest: string }>("SELECT payment_id, digest FROM settlement_payment_identifiers WHERE network = $1 AND identifier = $2", [network, identifier]);
+    /** The payment a payer's identifier is bound to, if any (read-only: /verify). */
+    async identifierBinding(identifier: string, payer: string): Promise<{ paymentId: string; digest: string } | undefined> {
+      const [row] = await db.query<{ payment_id: string; digest: string }>(
+        "SELECT payment_id, digest FROM settlement_payment_identifiers WHERE network = $1 AND payer = $2 AND identifier = $3",
+        [network, payer, identifier],
+      );
       return row && { paymentId: row.payment_id, digest: row.digest };
     },
 
@@ -470,9 +495,10 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
      * success became a failure.
      */
     async correct(paymentId: string, response: SettleResponse): Promise<boolean> {
+      // What was answered before: the recorded state, or the one a reorg took back (see reorged).
       const [row] = await db.query<{ before: PaymentState }>(
-        `UPDATE settlement_payments p SET state = $3, response = $4, lease_until = NULL, updated_at = now()
-         FROM (SELECT state FROM settlement_payments WHERE network = $1 AND payment_id = $2 FOR UPDATE) old
+        `UPDATE settlement_payments p SET state = $3, response = $4, reorged_from = NULL, lease_until = NULL, updated_at = now()
+         FROM (SELECT CASE WHEN state = 'sent' THEN COALESCE(reorged_from, state) ELSE state END AS state FROM settlement_payments WHERE network = $1 AND payment_id = $2 FOR UPDATE) old
          WHERE p.network = $1 AND p.payment_id = $2 RETURNING old.state AS before`,
         [network, paymentId, response.success ? "succeeded" : "failed", JSON.stringify(response)],
       );
@@ -672,12 +698,21 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
      * were mined (same nonce, same hash), so it is sent again. Compare-and-set on the block hash.
      */
     async reorged(id: string, blockHash: string): Promise<OutboxRow | undefined> {
+      // In the same statement, a payment this transaction decided is `sent` again: its recorded
+      // answer described a chain that no longer is, so no retry may be given it (pending until the
+      // transaction is mined again, or refused for good); `reorged_from` keeps what was answered.
       const [row] = await db.query<OutboxRow>(
-        `UPDATE settlement_outbox SET state = 'broadcast', watched = false,
-           raw_tx = COALESCE(raw_txs[array_position(hashes, mined_hash)], raw_tx), hash = mined_hash,
-           mined_hash = NULL, mined_block_number = NULL, mined_block_hash = NULL, reorged_at = now(), updated_at = now()
-         WHERE id = $1 AND watched AND mined_block_hash = $2 RETURNING ${OUTBOX_COLUMNS}`,
-        [id, blockHash],
+        `WITH moved AS (
+           UPDATE settlement_outbox SET state = 'broadcast', watched = false,
+             raw_tx = COALESCE(raw_txs[array_position(hashes, mined_hash)], raw_tx), hash = mined_hash,
+             mined_hash = NULL, mined_block_number = NULL, mined_block_hash = NULL, reorged_at = now(), updated_at = now()
+           WHERE id = $1 AND watched AND mined_block_hash = $2 RETURNING ${OUTBOX_COLUMNS}
+         ), reopened AS (
+           UPDATE settlement_payments p SET state = 'sent', response = NULL, reorged_from = p.state, lease_until = NULL, updated_at = now()
+           FROM moved o WHERE p.network = $3 AND p.payment_id = o.payment_id AND p.state IN ('succeeded', 'failed') AND ${DECISIVE}
+         )
+         SELECT * FROM moved`,
+        [id, blockHash, network],
       );
       return row;
     },
