@@ -4,6 +4,8 @@
 // without a restart; a broken edit keeps the last good list. An external screening service is
 // asked within a time budget: its refusals are the same refusals, and when it does not answer a
 // fail-closed facilitator refuses (503, nothing sent) while a fail-open one lets the payment through.
+// Its verdicts answer only the question they were asked, unless the service vouches for a wider
+// scope: a small verify's allow never lets a large settle of the same pair through unasked.
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
@@ -104,7 +106,7 @@ describe("the deny-list", () => {
 describe("an external screening service", () => {
   type Seen = { network: string; scheme: string; asset: string; amount: string; payer: string; payee: string; step: string };
   const seen: Seen[] = [];
-  let mode: "judge" | "slow" | "broken" | "huge" = "judge";
+  let mode: "judge" | "limit" | "pair" | "slow" | "broken" | "huge" = "judge";
   let hook: Server;
   let hookUrl: string;
   const started: RunningFacilitator[] = [];
@@ -118,9 +120,13 @@ describe("an external screening service", () => {
         seen.push(body);
         if (mode === "broken") return void res.writeHead(500).end("oops");
         if (mode === "huge") return void res.writeHead(200, { "content-type": "application/json" }).end(`{"allow":true,"pad":"${"x".repeat(1_000_000)}"}`);
+        // A risk rule: payments up to 1,000 pass, larger ones are refused (a verdict about this payment only).
+        if (mode === "limit") return void res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(BigInt(body.amount) <= 1000n ? { allow: true } : { allow: false, denied: "payer", reason: "above the payer's limit" }));
+        if (mode === "pair") return void res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ allow: true, scope: "pair" }));
         const answer = () => {
           const denied = body.payer.toLowerCase() === devnet.info.payers[1]!.address.toLowerCase();
-          res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(denied ? { allow: false, denied: "payer", reason: "on the OFAC list\u0007" } : { allow: true }));
+          // A sanctions list: a listed payer is refused whatever it pays, and the service says so.
+          res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(denied ? { allow: false, denied: "payer", reason: "on the OFAC list\u0007", scope: "address" } : { allow: true }));
         };
         if (mode === "slow") setTimeout(answer, 3000);
         else answer();
@@ -152,7 +158,7 @@ describe("an external screening service", () => {
     return { url: f.url, adminUrl: f.adminUrl, state };
   }
 
-  it("its refusal is a refusal at verify and settle (nothing sent); it is told the payment; verdicts are cached per pair", async () => {
+  it("its refusal is a refusal at verify and settle (nothing sent); it is told the payment; a refusal of an address is reused for it", async () => {
     writeFileSync(listFile, ""); // the deny-list of the first facilitator plays no part here
     mode = "judge";
     const f = await withHook("closed", 60_000);
@@ -165,13 +171,37 @@ describe("an external screening service", () => {
     expect(await f.state()).toEqual(before);
     const asked = seen.length;
     expect(seen.at(-1)).toEqual({ network: "eip155:8453", scheme: "exact", asset: expect.stringMatching(/^0x/), amount: "7000", payer: denied, payee: devnet.info.receivers[0]!.address, step: "verify" });
-    expect(asked).toBe(1); // settle reused the cached verdict for the pair
+    expect(asked).toBe(1); // settle reused the refusal the service said holds for the payer (scope "address")
     const allowed = await postJson(`${f.url}/settle`, await payment(0, 7000n));
     expect(allowed.json).toMatchObject({ success: true });
     expect(await f.state()).toEqual({ received: before.received + 7000n, nonce: before.nonce + 1 });
     expect(seen.at(-1)).toMatchObject({ payer: devnet.info.payers[0]!.address, step: "settle" });
     const metrics = await (await fetch(`${f.adminUrl}/metrics`)).text();
     expect(metrics).toMatch(/^x402_screening_checks_total\{[^}]*source="hook",result="denied"[^}]*\} 2$/m);
+  });
+
+  it("a verdict answers only its own question: a small verify's allow never settles a large payment of the same pair", async () => {
+    mode = "limit";
+    const f = await withHook("closed", 60_000);
+    const before = await f.state();
+    const asked = seen.length;
+    expect((await postJson(`${f.url}/verify`, await payment(0, 1000n))).json).toMatchObject({ isValid: true });
+    const big = await postJson(`${f.url}/settle`, await payment(0, 5_000_000n));
+    expect(big.json).toMatchObject({ success: false, errorReason: "payer_denied", errorMessage: expect.stringContaining("above the payer's limit"), transaction: "" });
+    // Judged on chain: the payee received nothing, the signer sent nothing.
+    expect(await f.state()).toEqual(before);
+    expect(seen.slice(asked).map((q) => [q.amount, q.step])).toEqual([["1000", "verify"], ["5000000", "settle"]]);
+  });
+
+  it("a verdict the service vouches for a pair answers that pair's other payments without asking", async () => {
+    mode = "pair";
+    const f = await withHook("closed", 60_000);
+    const before = await f.state();
+    const asked = seen.length;
+    expect((await postJson(`${f.url}/verify`, await payment(0, 1000n))).json).toMatchObject({ isValid: true });
+    expect((await postJson(`${f.url}/settle`, await payment(0, 2000n))).json).toMatchObject({ success: true });
+    expect(await f.state()).toEqual({ received: before.received + 2000n, nonce: before.nonce + 1 });
+    expect(seen.length - asked).toBe(1);
   });
 
   it("no verdict within the budget: fail-closed refuses with 503 and sends nothing; fail-open lets the payment through", async () => {
