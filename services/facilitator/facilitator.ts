@@ -5,10 +5,7 @@ import type { PaymentPayload, PaymentRequirements, SettleResponse, SupportedResp
 import { ExactEvmScheme } from "@x402/evm/exact/facilitator";
 import { UptoEvmScheme } from "@x402/evm/upto/facilitator";
 import { BatchSettlementEvmScheme } from "@x402/evm/batch-settlement/facilitator";
-import { AsyncLocalStorage } from "node:async_hooks";
-import { getAddress, isErc6492Signature, parseErc6492Signature, type Abi, type Address, type Hex, type PrivateKeyAccount } from "viem";
-import { simulateBlocks } from "viem/actions";
-import { authorizationTypes } from "@x402/evm";
+import { getAddress, type Address, type PrivateKeyAccount } from "viem";
 import { RequestError } from "../x402/errors.ts";
 import type { AssetInfo, Caip2 } from "../x402/networks.ts";
 import { extensionsFor } from "../x402/extensions.ts";
@@ -26,6 +23,7 @@ import { SETTLEMENT_BUSY, SETTLEMENT_PENDING, TRANSACTION_FAILED } from "./settl
 import type { SettleJob, SettlementCoordinator } from "./settlement/coordinator.ts";
 import type { OutboxSigner } from "./settlement/outbox-signer.ts";
 import { withDecodedReverts } from "./settlement/reverts.ts";
+import { createSmartWalletPayers, simulatingDeployment } from "./smart-wallets.ts";
 import type { Refusal, Screening } from "./screening.ts";
 import { ScreeningUnavailableError, type ScreeningHook } from "./screening-hook.ts";
 import { GAS_BUDGET_EXHAUSTED, SCHEME_TRANSACTION_KINDS, type GasMeter } from "./settlement/gas-meter.ts";
@@ -76,6 +74,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
   // upto and batch-settlement send from the one key they advertise (extra.facilitatorAddress).
   const pinnedSigner = asCaller(signer, opts.uptoFacilitatorAddress);
   const factories = opts.eip6492Factories ?? [];
+  const smartWallets = createSmartWalletPayers({ core, signer: opts.signer, chain: opts.chain, network: opts.network, factories });
   for (const scheme of opts.schemes) {
     // Each mechanism is registered for exactly this network: no eip155:* wildcard.
     if (scheme === "exact") core.register(opts.network, new ExactEvmScheme(signer, { eip6492AllowedFactories: factories }));
@@ -122,56 +121,6 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
     }
     return { payload, requirements };
   }
-
-  /**
-   * An ERC-6492 signature of a wallet not yet deployed: the reference mechanism trusts it at /verify
-   * and deploys the wallet at /settle before the token checks it, so a forged one would cost us a
-   * deployment. It is checked first, as the token will check it (viem's ERC-6492 validator, one
-   * eth_call that deploys the wallet only inside the call).
-   */
-  async function counterfactualRefusal(payload: PaymentPayload, requirements: PaymentRequirements): Promise<{ reason: string; message: string } | undefined> {
-    const p = payload.payload as { signature?: string; authorization?: { from: Address; to: Address; value: string; validAfter: string; validBefore: string; nonce: Hex } };
-    if (requirements.scheme !== "exact" || !p.authorization || typeof p.signature !== "string" || !/^0x[0-9a-fA-F]*$/.test(p.signature) || !isErc6492Signature(p.signature as Hex)) return undefined;
-    const a = p.authorization;
-    const valid = await opts.signer.verifyTypedData({
-      address: getAddress(a.from),
-      domain: { name: String(requirements.extra.name), version: String(requirements.extra.version), chainId: Number(opts.network.slice("eip155:".length)), verifyingContract: getAddress(requirements.asset) },
-      types: authorizationTypes,
-      primaryType: "TransferWithAuthorization",
-      message: { from: getAddress(a.from), to: getAddress(a.to), value: BigInt(a.value), validAfter: BigInt(a.validAfter), validBefore: BigInt(a.validBefore), nonce: a.nonce },
-      signature: p.signature as Hex,
-    } as Parameters<OutboxSigner["verifyTypedData"]>[0]);
-    return valid ? undefined : { reason: "invalid_exact_evm_signature", message: "the ERC-6492 signature does not verify for the counterfactual wallet (checked before any deployment)" };
-  }
-
-  /**
-   * A Permit2 payment (exact or upto) from a wallet not deployed yet: the reference mechanisms
-   * neither simulate nor deploy it. Its factory must be allowed; its deployment is simulated before
-   * every read of the verification (eth_simulateV1), so every reference check runs as if the wallet
-   * existed, and at /settle it is deployed only once that verification passed.
-   */
-  async function undeployedPermit2Payer(payload: PaymentPayload): Promise<Deployment | { refusal: { reason: string; message: string } } | undefined> {
-    const p = payload.payload as { signature?: unknown; permit2Authorization?: { from?: unknown } };
-    const from = p.permit2Authorization?.from;
-    if (typeof from !== "string" || !/^0x[0-9a-fA-F]{40}$/.test(from) || typeof p.signature !== "string" || !/^0x[0-9a-fA-F]*$/.test(p.signature) || !isErc6492Signature(p.signature as Hex)) return undefined;
-    let wrapped: { address?: Address; data?: Hex };
-    try {
-      wrapped = parseErc6492Signature(p.signature as Hex);
-    } catch {
-      return { refusal: { reason: "invalid_permit2_signature", message: "the ERC-6492 signature cannot be decoded" } };
-    }
-    if (!wrapped.address || !wrapped.data) return undefined;
-    const code = await opts.signer.getCode({ address: getAddress(from) });
-    if (code && code !== "0x") return undefined; // deployed: the reference checks the inner signature (ERC-1271)
-    if (!factories.some((f) => f.toLowerCase() === wrapped.address!.toLowerCase())) {
-      return { refusal: { reason: "eip6492_factory_not_allowed", message: `factory ${wrapped.address} is not on this facilitator's ERC-6492 allow-list` } };
-    }
-    return { factory: getAddress(wrapped.address), data: wrapped.data, payer: getAddress(from) };
-  }
-
-  /** The reference verification, as if an undeployed payer's wallet were deployed (see undeployedPermit2Payer). */
-  const verifyAs = (deployment: Deployment | undefined, payload: PaymentPayload, requirements: PaymentRequirements) =>
-    deployment ? deployedFor.run(deployment, () => core.verify(payload, requirements)) : core.verify(payload, requirements);
 
   /**
    * A sponsored approval whose fields do not match the payment (another signer, another token):
@@ -286,13 +235,12 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
           : ((await fastVerdict(payload, requirements)) ??
             (await watchRpc(() =>
               withAssetCode(opts.signer, requirements, async () => {
-                const undeployed = requirements.scheme === "batch-settlement" ? undefined : await undeployedPermit2Payer(payload);
-                const forged = (undeployed && "refusal" in undeployed ? undeployed.refusal : undefined) ?? (await counterfactualRefusal(payload, requirements)) ?? (await sponsorRefusal(payload, requirements));
+                const payer = await smartWallets.stepsFor(payload, requirements);
+                const forged = payer.refusal ?? (await sponsorRefusal(payload, requirements));
                 if (forged) return { isValid: false, invalidReason: forged.reason, invalidMessage: forged.message, payer: payerOf(payload) } as VerifyResponse;
-                const deployment = undeployed && !("refusal" in undeployed) ? undeployed : undefined;
                 // A sponsored approval's simulation answers the mechanism with a boolean: its reason is read back here.
                 const verdict: { refusal?: SponsorRefusal } = {};
-                const r = await sponsorVerdict.run(verdict, () => verifyAs(deployment, payload, requirements));
+                const r = await sponsorVerdict.run(verdict, () => payer.verify());
                 if (!r.isValid && verdict.refusal) return { ...r, invalidReason: verdict.refusal.code, invalidMessage: safeMessage(verdict.refusal.message) };
                 return scrub(r);
               }),
@@ -341,34 +289,11 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
                   withAssetCode(opts.signer, requirements, async () => {
                     const refused = (reason: string, message?: string) =>
                       ({ success: false, errorReason: reason, ...(message ? { errorMessage: message } : {}), transaction: "", network: requirements.network, payer: payerOf(payload) }) as SettleResponse;
-                    const undeployed = requirements.scheme === "batch-settlement" ? undefined : await undeployedPermit2Payer(payload);
-                    const forged = (undeployed && "refusal" in undeployed ? undeployed.refusal : undefined) ?? (await counterfactualRefusal(payload, requirements)) ?? (await sponsorRefusal(payload, requirements));
+                    const payer = await smartWallets.stepsFor(payload, requirements);
+                    const forged = payer.refusal ?? (await sponsorRefusal(payload, requirements));
                     if (forged) return refused(forged.reason, forged.message);
-                    if (requirements.scheme === "exact" && !undeployed && isErc6492Eip3009(payload)) {
-                      // The reference EIP-3009 settle verifies without simulating, then deploys a counterfactual
-                      // wallet: an unpayable payment (no balance, nonce used) from a fresh wallet would cost us a
-                      // deployment every time. Verified whole first, as at /verify (deployment and transfer simulated).
-                      const check = await core.verify(payload, requirements);
-                      if (!check.isValid) return refused(check.invalidReason ?? "invalid_payload", check.invalidMessage);
-                    }
-                    if (undeployed && !("refusal" in undeployed)) {
-                      // Deployed only for a payment that verifies as if the wallet existed: a forged one costs nothing.
-                      // (upto is verified against its signed ceiling, as the reference settle does; the charge is checked by the settlement.)
-                      const permitted = (payload.payload as { permit2Authorization?: { permitted?: { amount?: string } } }).permit2Authorization?.permitted?.amount;
-                      const check = await verifyAs(undeployed, payload, requirements.scheme === "upto" && permitted ? { ...requirements, amount: permitted } : requirements);
-                      if (!check.isValid) return refused(check.invalidReason ?? "invalid_payload", check.invalidMessage);
-                      if (requirements.scheme === "upto" && permitted) {
-                        // The charge too, before the deployment: above the ceiling the reference refuses and at 0 it
-                        // sends nothing, so neither may cost us a deployment (the reference's answers, in its order).
-                        const charge = BigInt(requirements.amount);
-                        if (charge > BigInt(permitted)) return refused("invalid_upto_evm_payload_settlement_exceeds_amount");
-                        if (charge === 0n) return { success: true, transaction: "", network: requirements.network, payer: payerOf(payload), amount: "0" } as SettleResponse;
-                      }
-                      const hash = await opts.signer.sendTransaction({ to: undeployed.factory, data: undeployed.data });
-                      const deployed = (await opts.signer.waitForTransactionReceipt({ hash })).status === "success";
-                      opts.signer.forgetCode(undeployed.payer);
-                      if (!deployed) return refused("smart_wallet_deployment_failed", "the payer's wallet could not be deployed");
-                    }
+                    const answered = await payer.beforeSettle();
+                    if (answered) return answered;
                     return withDecodedReverts(() => core.settle(payload, requirements));
                   }),
               }),
@@ -403,58 +328,6 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       opts.metrics.settleTotal.inc({ ...labels, result, reason: reasonLabel(response.errorReason) });
       if (response.errorReason === RPC_UNAVAILABLE) throw rpcUnavailable(opts);
       return response;
-    },
-  };
-}
-
-/** A counterfactual wallet's deployment: the allowed factory and its calldata (from the ERC-6492 wrapper). */
-interface Deployment {
-  factory: Address;
-  data: Hex;
-  /** The wallet it deploys (the payment's payer). */
-  payer: Address;
-}
-
-/** While set, every read of the mechanisms runs after this deployment, in one simulated block. */
-const deployedFor = new AsyncLocalStorage<Deployment>();
-
-/**
- * The signer whose reads see a counterfactual wallet as deployed (inside deployedFor): the
- * deployment and the read are simulated together with eth_simulateV1, nothing is sent. As an
- * ERC-6492 validator does, a wallet is asked about the inner signature, not the wrapper.
- */
-function simulatingDeployment(signer: OutboxSigner, chain: ChainClient): OutboxSigner {
-  return {
-    ...signer,
-    async getCode(args) {
-      const deployment = deployedFor.getStore();
-      // Any code: the mechanisms only ask whether the payer is a contract (then they ask it, below).
-      if (deployment && getAddress(args.address) === deployment.payer) return "0xfe";
-      return signer.getCode(args);
-    },
-    async readContract(args) {
-      const a = { ...(args as unknown as { address: Address; abi: Abi; functionName: string; args?: readonly unknown[]; account?: Address }) };
-      // ERC-6492: a wallet is asked about the signature inside the wrapper, deployed or not (the
-      // reference mechanisms pass the wrapper to isValidSignature once the wallet exists).
-      if (a.functionName === "isValidSignature" && typeof a.args?.[1] === "string" && isErc6492Signature(a.args[1] as Hex)) {
-        a.args = [a.args[0], parseErc6492Signature(a.args[1] as Hex).signature];
-      }
-      const deployment = deployedFor.getStore();
-      if (!deployment) return signer.readContract(a as unknown as typeof args);
-      const [block] = await simulateBlocks(chain.client, {
-        blocks: [
-          {
-            calls: [
-              { account: signer.getAddresses()[0], to: deployment.factory, data: deployment.data },
-              { account: a.account, to: a.address, abi: a.abi, functionName: a.functionName, args: a.args ?? [] },
-            ] as never,
-          },
-        ],
-      });
-      const [deployed, call] = block!.calls as unknown as { status: string; result?: unknown; error?: Error }[];
-      if (deployed?.status !== "success") throw new Error("the payer's wallet deployment fails when simulated");
-      if (call?.status !== "success") throw call?.error ?? new Error("the call reverts after the wallet's deployment");
-      return call.result;
     },
   };
 }
@@ -544,12 +417,6 @@ function worthlessReason(payload: PaymentPayload, requirements: PaymentRequireme
   if (requirements.scheme === "upto" && step === "settle") return undefined;
   if (BigInt(requirements.amount) === 0n) return "the amount is 0: a payment must move a positive amount";
   return undefined;
-}
-
-/** An EIP-3009 payload whose signature is ERC-6492-wrapped (a payer wallet the reference may deploy at /settle). */
-function isErc6492Eip3009(payload: PaymentPayload): boolean {
-  const p = payload.payload as { signature?: unknown; authorization?: unknown; permit2Authorization?: unknown };
-  return !!p.authorization && !p.permit2Authorization && typeof p.signature === "string" && /^0x[0-9a-fA-F]*$/.test(p.signature) && isErc6492Signature(p.signature as Hex);
 }
 
 /** The payer as the mechanism sees it: Permit2 wins when present (the reference executes it first). */
