@@ -2,7 +2,9 @@
 // whose HTTPFacilitatorClient sends a key through createAuthHeaders pays through a key-requiring
 // router; without a key, with a revoked key and with a key for another network it is refused and
 // nothing is sent (the facilitator signer's nonce and the receiver's balance do not move). Keys
-// live hashed in the shared PostgreSQL; the CLI creates, lists, rotates and revokes them.
+// live hashed in the shared PostgreSQL; the CLI creates, lists, rotates and revokes them. A gas
+// budget is charged what the facilitator's signer lost (fees and the value of gas fundings),
+// whatever the answer's status.
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -17,9 +19,14 @@ import { paymentMiddleware, x402ResourceServer } from "@x402/express";
 import { HTTPFacilitatorClient } from "@x402/core/server";
 import { ExactEvmScheme as ExactEvmServer } from "@x402/evm/exact/server";
 import { ExactEvmScheme as ExactEvmClient } from "@x402/evm/exact/client";
+import { toClientEvmSigner } from "@x402/evm";
 import { wrapFetchWithPayment, x402Client } from "@x402/fetch";
-import { createPublicClient, http } from "viem";
-import { privateKeyToAccount } from "viem/accounts";
+import { createPublicClient, createTestClient, createWalletClient, erc20Abi, http, type Address } from "viem";
+import { generatePrivateKey, privateKeyToAccount, type PrivateKeyAccount } from "viem/accounts";
+import { resolveFacilitatorConfig } from "../services/facilitator/config.ts";
+import { startFacilitatorService } from "../services/facilitator/service.ts";
+import type { RoutingTable } from "../services/router/routing-table.ts";
+import { startRpcFaultProxy } from "./helpers/rpc-fault-proxy.ts";
 import { startRouterService, type RunningRouter } from "../services/router/service.ts";
 import { openDatabase, type Database } from "../services/platform/storage.ts";
 import { API_KEY_MIGRATIONS, createApiKeyStore, type ApiKeyStore } from "../services/tenants/api-keys.ts";
@@ -42,7 +49,8 @@ const servers: Server[] = [];
 const createdIds: string[] = [];
 
 beforeAll(async () => {
-  devnet = await startTestDevnet(["eip155:8453"], { hub: false, wallets: false });
+  // Base for most tests; BNB Smart Chain for approval sponsoring (fundings that carry value).
+  devnet = await startTestDevnet(["eip155:8453", "eip155:56"], { hub: false, wallets: false });
   db = await openDatabase({ url: PG_URL, migrations: API_KEY_MIGRATIONS });
   keys = createApiKeyStore(db, { cacheMs: 0 });
   // a second router on the devnet's routing table, with keys required
@@ -345,5 +353,129 @@ describe("API keys at the router", () => {
     expect(bad.status).not.toBe(0);
     expect(bad.stderr).toContain('"base" is not a valid network');
     expect(cli("api-key-rotate").stderr).toContain("--id <16 hex characters> is required");
+  });
+});
+
+// ------------------------------------------------------------------ gas budgets: what the signer lost
+
+describe("a gas budget is charged what the facilitator's signer lost", () => {
+  const bsc = () => devnet.info.networks.find((n) => n.network === "eip155:56")!;
+  const bscChain = () => createPublicClient({ transport: http(bsc().rpcUrl) });
+  const usdt = () => bsc().assets.find((a) => a.symbol === "USDT")!.address as Address;
+  const AMOUNT = 10n ** 16n; // 0.01 USDT (18 decimals)
+
+  /** A payer holding USDT and no native coin, so its Permit2 approval must be funded. */
+  async function gaslessPayer(): Promise<PrivateKeyAccount> {
+    const payer = privateKeyToAccount(generatePrivateKey());
+    const funder = createWalletClient({ account: privateKeyToAccount(devnet.info.payers[0]!.privateKey), transport: http(bsc().rpcUrl) });
+    const hash = await funder.writeContract({ chain: null, address: usdt(), abi: erc20Abi, functionName: "transfer", args: [payer.address, 10n * AMOUNT] });
+    await bscChain().waitForTransactionReceipt({ hash });
+    return payer;
+  }
+
+  /** A Permit2 payment whose signed approval rides in the erc20ApprovalGasSponsoring extension (the reference client's). */
+  async function sponsoredBody(payer: PrivateKeyAccount) {
+    const requirements = { scheme: "exact", network: "eip155:56", asset: usdt(), amount: AMOUNT.toString(), payTo: devnet.info.receivers[0]!.address, maxTimeoutSeconds: 60, extra: { assetTransferMethod: "permit2" } };
+    const created = await new ExactEvmClient(toClientEvmSigner(payer, bscChain())).createPaymentPayload(2, requirements as never, { extensions: { erc20ApprovalGasSponsoring: {} } } as never);
+    return { x402Version: 2, paymentPayload: { ...created, accepted: requirements }, paymentRequirements: requirements };
+  }
+
+  /** The native coin the signers hold and the transactions they sent. */
+  async function signers(addresses: readonly string[]) {
+    const c = bscChain();
+    const wei = await Promise.all(addresses.map((a) => c.getBalance({ address: a as Address })));
+    const nonces = await Promise.all(addresses.map((a) => c.getTransactionCount({ address: a as Address, blockTag: "pending" })));
+    return { wei: wei.reduce((a, b) => a + b, 0n), sent: nonces.reduce((a, b) => a + b, 0) };
+  }
+
+  /** What the key was charged today on BNB Smart Chain: the budget's spend, and usage's gas. */
+  async function charged(keyId: string) {
+    const [row] = await db.query<{ spent: string; reserved: string }>("SELECT spent::text, reserved::text FROM tenant_gas_budget_usage WHERE key_id = $1 AND network = 'eip155:56'", [keyId]);
+    const usage = (await keys.usage({ keyId })).filter((u) => u.network === "eip155:56");
+    return { spent: BigInt(row?.spent ?? 0), reserved: BigInt(row?.reserved ?? 0), usageGas: usage.reduce((a, u) => a + BigInt(u.gasWei), 0n), settles: usage.reduce((a, u) => a + u.settles, 0) };
+  }
+
+  /**
+   * A facilitator of its own on BNB Smart Chain (a fresh, funded signer; approval sponsoring on) and
+   * a keyed router in front of it,: the signer's balance is this pair's alone.
+   */
+  async function startKeyedPair(name: string, rpcUrl: string) {
+    const signerKey = generatePrivateKey();
+    const signer = privateKeyToAccount(signerKey).address;
+    await createTestClient({ mode: "anvil", transport: http(bsc().rpcUrl) }).setBalance({ address: signer, value: 10n ** 19n });
+    const config = resolveFacilitatorConfig({
+      network: "eip155:56",
+      rpcUrls: [rpcUrl],
+      signerKeys: [signerKey],
+      schemes: ["exact"],
+      assets: bsc().assets,
+      confirmations: 1,
+      // the devnet's own: anvil serves eth_sendRawTransactionSync, mines at any moment
+      policy: { sendRawTransactionSync: true, minBlockIntervalMs: 0 },
+      erc20ApprovalSponsoring: "on",
+      host: "127.0.0.1",
+      port: 0,
+      adminPort: 0,
+      dataDir: join(devnet.dir, `${name}-facilitator`),
+    });
+    const facilitator = await startFacilitatorService(config, pino({ level: "silent" }));
+    const supported = facilitator.facilitator.supported();
+    const table: RoutingTable = { backends: [{ network: "eip155:56", url: facilitator.url, kinds: supported.kinds, signers: facilitator.signers, extensions: supported.extensions }] };
+    const routingTablePath = join(devnet.dir, `${name}-routing.json`);
+    writeFileSync(routingTablePath, JSON.stringify(table));
+    const keyed = await startRouterService({ routingTablePath, host: "127.0.0.1", port: 0, databaseUrl: PG_URL, apiKeys: true }, pino({ level: "silent" }));
+    return {
+      url: keyed.url,
+      signer,
+      close: async () => {
+        await keyed.close();
+        await facilitator.close();
+      },
+    };
+  }
+
+  it("three sponsored payments: the fundings' value is charged with every fee", async () => {
+    const pair = await startKeyedPair("sponsoring", bsc().facilitatorRpcUrl);
+    try {
+      const { key, info } = await newKey("sponsoring-co", { gasBudgets: { "eip155:56": (10n ** 18n).toString() } });
+      const payers = [await gaslessPayer(), await gaslessPayer(), await gaslessPayer()];
+      const before = await signers([pair.signer]);
+      for (const payer of payers) {
+        const settled = await postJson(`${pair.url}/settle`, await sponsoredBody(payer), { headers: { authorization: `Bearer ${key}` } });
+        expect(settled.json).toMatchObject({ success: true });
+        expect(await bscChain().getBalance({ address: payer.address })).toBeGreaterThan(0n); // funded: the signer lost value, not only fees
+      }
+      const after = await signers([pair.signer]);
+      expect(after.sent).toBe(before.sent + 6); // a funding and a settlement each
+      const lost = before.wei - after.wei;
+      expect(await charged(info.id)).toEqual({ spent: lost, reserved: 0n, usageGas: lost, settles: 3 });
+    } finally {
+      await pair.close();
+    }
+  });
+
+  it("a 503 after a funding was mined is charged what the funding cost", async () => {
+    // The facilitator's RPC refuses eth_sendRawTransaction (the payer's approval relay) but serves
+    // eth_sendRawTransactionSync (the facilitator's own transactions): it funds the payer, then
+    // cannot relay the approval, and answers 503 with the funding on chain.
+    const proxy = await startRpcFaultProxy({ upstream: bsc().facilitatorRpcUrl, plan: { rate: 1, kinds: ["http_503"], methods: ["eth_sendRawTransaction"] } });
+    const pair = await startKeyedPair("relay-refused", proxy.url);
+    try {
+      const { key, info } = await newKey("relay-refused-co", { gasBudgets: { "eip155:56": (10n ** 18n).toString() } });
+      const payer = await gaslessPayer();
+      const before = await signers([pair.signer]);
+      const answer = await postJson(`${pair.url}/settle`, await sponsoredBody(payer), { headers: { authorization: `Bearer ${key}` } });
+      expect(answer.status).toBe(503);
+      const after = await signers([pair.signer]);
+      expect(after.sent).toBe(before.sent + 1); // the funding, nothing else
+      const lost = before.wei - after.wei;
+      const funded = await bscChain().getBalance({ address: payer.address });
+      expect(funded).toBeGreaterThan(0n);
+      expect(lost).toBeGreaterThan(funded); // the funding's value and its fee
+      expect(await charged(info.id)).toEqual({ spent: lost, reserved: 0n, usageGas: lost, settles: 1 });
+    } finally {
+      await pair.close();
+      await proxy.close();
+    }
   });
 });

@@ -57,6 +57,8 @@ describe("load shedding", () => {
       expect(r.status, r.text).toBe(503);
       expect(r.headers.get("retry-after")).toBe("1");
       expect(String(r.json.error)).toMatch(/^backend_unavailable: this facilitator is already handling 2 settle requests/);
+      // The facilitator tells a router that nothing was spent (a tenant's reservation is not charged); a router never passes it on.
+      expect(r.headers.get("x402-fleet-gas-spent-wei")).toBe(url === f.url ? "0" : null);
     }
     // …and at the full router, which sheds it itself.
     const atRouter = await postJson(`${capped.url}/settle`, shed);

@@ -4,7 +4,7 @@
 import { readFileSync } from "node:fs";
 import { privateKeyToAccount } from "viem/accounts";
 import { settlementAccount } from "./crypto/secp256k1.ts";
-import { createContractApp } from "../platform/http.ts";
+import { FLEET_HEADERS, createContractApp } from "../platform/http.ts";
 import { serve, serviceDatabase, startService, type RunningService } from "../platform/lifecycle.ts";
 import { createLogger, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
@@ -153,11 +153,16 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
       metrics,
       longestHandlerMs: config.receiptTimeoutMs, // a settle waits for its receipt up to this bound
       maxInFlight: config.maxInFlight,
+      shedHeaders: { [FLEET_HEADERS.gasSpent]: "0" }, // shed before anything ran: nothing to charge
       handlers: {
         verify: async (body) => ok(await facilitator.verify(body)),
         settle: async (body, caller) => {
           const gas = GasMeter.fromHeader(caller.gasAllowance);
-          return { ...ok(await facilitator.settle(body, caller, gas)), headers: gas?.headers() };
+          try {
+            return { ...ok(await facilitator.settle(body, caller, gas)), headers: gas?.headers() };
+          } catch (e) {
+            throw gas ? gas.withHeaders(e) : e;
+          }
         },
         supported: async () => ok(facilitator.supported()),
       },

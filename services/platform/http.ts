@@ -61,6 +61,8 @@ export interface ContractAppOptions {
   longestHandlerMs?: number;
   /** Requests of each action this process holds at once (X402_MAX_*_IN_FLIGHT); past it a 503 with Retry-After. */
   maxInFlight?: InFlightCaps;
+  /** Extra headers of a request shed by that cap (the facilitator tells the router that nothing was spent). */
+  shedHeaders?: Record<string, string>;
 }
 
 export interface InFlightCaps {
@@ -126,6 +128,7 @@ export function createContractApp(opts: ContractAppOptions): FastifyInstance {
           opts.metrics.httpShed.inc(labels);
           throw new CodedError("backend_unavailable", `this ${opts.service} is already handling ${cap} ${action} requests, the most it takes at once; retry in ${SHED_RETRY_AFTER_S} s`, COMMON_STATUS.backend_unavailable, {
             "retry-after": String(SHED_RETRY_AFTER_S),
+            ...opts.shedHeaders,
           });
         }
         inFlight++;

@@ -134,7 +134,9 @@ export function createRouter(opts: RouterOptions): Router {
     }
     // A settlement of a key with a gas budget on this network holds its worst case until the answer says what it cost.
     const gas = key && action === "settle" ? await reserveGas(opts.apiKeys!, key, pair, network) : undefined;
-    let spent: bigint | undefined;
+    // What the settlement cost the signer, once the answer says; until then (no answer) the whole reservation.
+    let charged: bigint | undefined;
+    let usageRecorded = false;
     try {
       const timeout = action === "verify" ? (opts.verifyTimeoutMs ?? 30_000) : (opts.settleTimeoutMs ?? 60_000);
       const sentAt = performance.now();
@@ -159,15 +161,19 @@ export function createRouter(opts: RouterOptions): Router {
       // Our facilitator's JSON goes back byte for byte: no parse and re-serialise on the hot path.
       const text = res.text;
       if (gas) {
-        // Refused before settling (4xx/5xx): nothing sent. Otherwise the facilitator says what was
-        // spent, and says nothing while a transaction is unmined: then the reservation is charged whole.
-        spent = res.statusCode !== 200 ? 0n : bigintHeader(res.headers[FLEET_HEADERS.gasSpent]);
+        // The facilitator says what the call's transactions took from the signer (fees and value),
+        // whatever the status: a 503 may follow a mined funding. It says nothing while one is
+        // unmined, or when it failed without knowing: then the reservation is charged whole, never 0.
+        charged = bigintHeader(res.headers[FLEET_HEADERS.gasSpent]) ?? gas.wei;
         const quote = bigintHeader(res.headers[FLEET_HEADERS.gasQuote]);
         if (quote !== undefined) gasQuotes.set(pair, quote);
       }
       // Server-Timing: how long the facilitator took, so a caller (and the bench) sees what the router itself adds.
       const upstream = `upstream;dur=${(performance.now() - sentAt).toFixed(2)}`;
-      if (key && res.statusCode === 200) await recordUsage(key, action, network, body, text, spent);
+      if (key && (res.statusCode === 200 || (charged ?? 0n) > 0n)) {
+        await recordUsage(key, action, network, body, res.statusCode === 200 ? text : undefined, charged);
+        usageRecorded = true;
+      }
       const extra = opts.discovery && res.statusCode === 200 && declaresBazaar(body) && paid(action, text) ? await opts.discovery.afterPayment(body) : undefined;
       const answerHeaders: Record<string, string> = extra ? { ...extra, "server-timing": upstream } : { "server-timing": upstream };
       // A facilitator shedding load says when to come back: the caller hears it too.
@@ -175,7 +181,12 @@ export function createRouter(opts: RouterOptions): Router {
       if (typeof retryAfter === "string") answerHeaders["retry-after"] = retryAfter;
       return { status: res.statusCode, body: text, headers: answerHeaders };
     } finally {
-      if (gas) await finishGas(gas, spent, key!);
+      if (gas) {
+        const charge = charged ?? gas.wei;
+        await finishGas(gas, charge, key!);
+        // No answer (the facilitator unreachable, timed out, not JSON): the charge is in usage too.
+        if (!usageRecorded && charge > 0n) await recordUsage(key!, action, network, body, undefined, charge);
+      }
     }
   }
 
@@ -189,9 +200,8 @@ export function createRouter(opts: RouterOptions): Router {
     return outcome.reservation;
   }
 
-  /** Releases a reservation and charges what was spent: the whole reservation when that is not known. */
-  async function finishGas(gas: GasReservation, spent: bigint | undefined, key: ApiKeyInfo) {
-    const charged = spent ?? gas.wei;
+  /** Releases a reservation and charges what the settlement cost. */
+  async function finishGas(gas: GasReservation, charged: bigint, key: ApiKeyInfo) {
     if (charged > 0n) opts.metrics.tenantGasSpent.inc({ key: key.id, network: gas.network }, Number(charged));
     try {
       await opts.apiKeys!.settleGas(gas, charged);
@@ -211,9 +221,12 @@ export function createRouter(opts: RouterOptions): Router {
     }
   }
 
-  /** A keyed call's outcome into the key's usage (billing) and metrics; never fails the answer. */
-  async function recordUsage(key: ApiKeyInfo, action: "verify" | "settle", network: string, body: unknown, answer: string, gasWei: bigint | undefined) {
-    const ok = paid(action, answer);
+  /**
+   * A keyed call's outcome into the key's usage (billing) and metrics; never fails the answer.
+   * `answer` undefined: an error answer (or none) to a settlement that was charged gas, counted as a failed settle.
+   */
+  async function recordUsage(key: ApiKeyInfo, action: "verify" | "settle", network: string, body: unknown, answer: string | undefined, gasWei: bigint | undefined) {
+    const ok = answer !== undefined && paid(action, answer);
     opts.metrics.tenantRequests.inc({ key: key.id, network, action, result: ok ? "ok" : "refused" });
     const requirements = (body as { paymentRequirements?: { asset?: unknown; amount?: unknown } }).paymentRequirements ?? {};
     const asset = typeof requirements.asset === "string" ? requirements.asset : "unknown";

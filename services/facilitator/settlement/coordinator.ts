@@ -108,7 +108,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
       if (mined) {
         const { receipt } = mined;
         await store.recordMined(paymentId, tx.id, mined.hash, receipt.status === "success", receipt.gasUsed * receipt.effectiveGasPrice, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });
-        gas?.noteMined(tx.id, receipt.gasUsed * receipt.effectiveGasPrice);
+        gas?.noteMined(tx.id, receipt);
         return true;
       }
     }
