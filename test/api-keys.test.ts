@@ -397,7 +397,7 @@ describe("a gas budget is charged what the facilitator's signer lost", () => {
 
   /**
    * A facilitator of its own on BNB Smart Chain (a fresh, funded signer; approval sponsoring on) and
-   * a keyed router in front of it,: the signer's balance is this pair's alone.
+   * a keyed router in front of it: the signer's balance is this pair's alone.
    */
   async function startKeyedPair(name: string, rpcUrl: string) {
     const signerKey = generatePrivateKey();
