@@ -9,7 +9,7 @@ import { pino } from "pino";
 import { createPublicClient, erc20Abi, http, parseEventLogs, type Address, type Hex, type PublicClient } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 import { eip3009ABI, resetAssetContractCache } from "@x402/evm";
-import { startRig, type Rig } from "./helpers/settlement-rig.ts";
+import { startRig, stopRig, type Rig } from "./helpers/settlement-rig.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { postJson, serviceShape, signEip3009, signPermit2, standardShape, type PaymentSpec } from "./helpers/payments.ts";
 import { FAULT_KINDS, startRpcFaultProxy, type RpcFaultProxy } from "./helpers/rpc-fault-proxy.ts";
@@ -101,6 +101,52 @@ describe("the asset-code check under a rate-limited RPC (the crash of issue 13)"
     const r = await postJson(`${facilitator.url}/verify`, serviceShape(spec(), await signEip3009({ ...spec(), signature: badSignature as `0x${string}` })));
     expect(r.status).toBe(200);
     expect(r.json).toMatchObject({ isValid: false, invalidReason: "invalid_exact_evm_signature" });
+  });
+});
+
+describe("a simulation the provider could not judge is no verdict (issue 32, 7a)", () => {
+  let rig: Rig;
+  let proxy: RpcFaultProxy;
+  beforeAll(async () => {
+    rig = await startRig();
+    proxy = await startRpcFaultProxy({ upstream: rig.anvil.rpcUrl });
+  });
+  afterAll(() => stopRig(rig, proxy));
+  afterEach(() => proxy.configure({}));
+
+  const spec = (): PaymentSpec => ({ network: rig.network, chainId: rig.chainId, asset: rig.usdc, payerKey: rig.payerKey, payTo: rig.receiver, amount: 1000n });
+  const chain = () => createPublicClient({ transport: http(rig.anvil.rpcUrl) });
+  /** What the signer sent and the payee received, read from anvil directly. */
+  const onChain = async () => ({
+    nonce: await chain().getTransactionCount({ address: privateKeyToAccount(rig.signerKeys[0]!).address, blockTag: "pending" }),
+    received: await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver),
+  });
+
+  it("a fresh facilitator on anvil whose head is behind the clock (an idle automining node): 503, not a failed simulation; the payment settles", async () => {
+    const facilitator = await rig.facilitator();
+    // Valid by our clock, not yet at the head's timestamp: what every payment looks like once an
+    // automining node has been idle longer than the client's validAfter margin.
+    const validAfter = (await chain().getBlock()).timestamp;
+    const before = await onChain();
+    const eip3009 = serviceShape(spec(), await signEip3009({ ...spec(), auth: { validAfter } }));
+    const r = await postJson(`${facilitator.url}/verify`, eip3009);
+    expect(r.status, r.text).toBe(503);
+    expect(r.json).toEqual({ error: expect.stringMatching(/^backend_unavailable: /) });
+    expect(await onChain()).toEqual(before);
+    // Not a bad payment: settled, it is mined in a later block and pays the payee.
+    expect((await postJson(`${facilitator.url}/settle`, eip3009)).json).toMatchObject({ success: true });
+    expect((await onChain()).received).toBe(before.received + 1000n);
+  });
+
+  it("a provider without eth_call (method not found): 503, not eip3009_not_supported", async () => {
+    const facilitator = await rig.facilitator({ rpcUrls: [proxy.url] });
+    const before = await onChain();
+    proxy.configure({ schedule: { eth_call: ["method_not_found"] } });
+    const r = await postJson(`${facilitator.url}/verify`, serviceShape(spec(), await signEip3009(spec())));
+    await proxy.idle(500);
+    expect(proxy.injectedByMethod.eth_call?.method_not_found).toBeGreaterThan(0);
+    expect(r.status, r.text).toBe(503);
+    expect(await onChain()).toEqual(before);
   });
 });
 

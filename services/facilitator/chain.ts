@@ -9,6 +9,7 @@ import { ExecutionRevertedError, HttpRequestError, RpcRequestError, TimeoutError
 import { endpointName } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
 import { activeSpanContext, withSpan } from "../platform/tracing.ts";
+import { describeRevertData, revertDataOf } from "./settlement/reverts.ts";
 
 export interface ChainClientOptions {
   chainId: number;
@@ -103,17 +104,48 @@ export function isRpcUnavailable(e: unknown): boolean {
   return false;
 }
 
+/** Methods every node serves: "method not found" for one of them is a broken provider, not an answer (eth_simulateV1 and fee helpers are optional). */
+const REQUIRED_METHODS = new Set(["eth_call", "eth_estimateGas", "eth_getCode", "eth_getBalance", "eth_getTransactionCount", "eth_blockNumber", "eth_chainId", "eth_getBlockByNumber", "eth_getTransactionReceipt", "eth_getTransactionByHash", "eth_sendRawTransaction", "eth_gasPrice", "eth_getLogs"]);
+
+const NOT_YET_VALID = /not yet valid|AuthorizationNotYetValid|PaymentTooEarly/i;
+
+/**
+ * True when a call reverted because the payment's time has not come on the chain (EIP-3009 "authorization
+ * is not yet valid", the Permit2 proxies' PaymentTooEarly). Every payment's validAfter is checked
+ * against our clock before it is simulated, so this says the provider's head is behind the clock
+ * (an automining node left idle, a lagging replica behind a load balancer): a judgment of a past
+ * state, not of the payment, whose transaction would be mined in a later block.
+ */
+export function isHeadBehindPayment(e: unknown): boolean {
+  const data = revertDataOf(e);
+  if (data && NOT_YET_VALID.test(describeRevertData(data))) return true;
+  for (let err = e as { details?: unknown; cause?: unknown } | undefined, depth = 0; err && depth < 10; err = err.cause as typeof err, depth++) {
+    if (typeof err.details === "string" && /revert/i.test(err.details) && NOT_YET_VALID.test(err.details)) return true;
+  }
+  return false;
+}
+
+/** A failure that says nothing about the payment: no answer, a node without a method every node serves, or a head behind the payment's time. */
+function isNoVerdict(e: unknown, method?: string): boolean {
+  if (isRpcUnavailable(e) || isHeadBehindPayment(e)) return true;
+  return method !== undefined && REQUIRED_METHODS.has(method) && e instanceof RpcRequestError && e.code === -32601;
+}
+
 // A request's RPC watch: mechanisms swallow many RPC errors into payment-level reasons (a failed
 // simulation reads as "simulation failed"), so the transport notes, in the context of the request
-// that made the call, that the provider failed after the transport's own retry.
+// that made the call, that the provider failed after the transport's own retry, or judged the
+// payment on a head behind our clock.
 export interface RpcWatch {
   failed: boolean;
 }
 const watches = new AsyncLocalStorage<RpcWatch>();
 
-/** Notes a failure in a request's watch (by default the current one): for a shared promise (a cache) whose call another request made. */
-export function noteRpcFailure(e: unknown, watch = watches.getStore()): void {
-  if (watch && isRpcUnavailable(e)) watch.failed = true;
+/**
+ * Notes a failure in a request's watch (by default the current one): for a shared promise (a cache)
+ * whose call another request made. `method`: the JSON-RPC method that failed, when known.
+ */
+export function noteRpcFailure(e: unknown, watch = watches.getStore(), method?: string): void {
+  if (watch && isNoVerdict(e, method)) watch.failed = true;
 }
 
 /** Runs fn: its value or its error, and whether any RPC call it made failed for want of an answer. */
@@ -123,7 +155,7 @@ export async function watchRpc<T>(fn: () => Promise<T>): Promise<{ failed: boole
     const value = await watches.run(watch, fn);
     return { failed: watch.failed, value };
   } catch (error) {
-    return { failed: watch.failed || isRpcUnavailable(error), error };
+    return { failed: watch.failed || isNoVerdict(error), error };
   }
 }
 
@@ -134,7 +166,7 @@ function watched(transport: Transport): Transport {
       try {
         return await t.request(args, options);
       } catch (e) {
-        noteRpcFailure(e);
+        noteRpcFailure(e, undefined, args.method);
         throw e;
       }
     };
@@ -324,7 +356,7 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
       }
       if (!isRpcUnavailable(error)) break;
     }
-    noteRpcFailure(error, watch);
+    noteRpcFailure(error, watch, method);
     throw error;
   }
   return { chain, client, rpc, endpoints: endpoints.map((e) => e.name) };
