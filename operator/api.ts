@@ -31,6 +31,9 @@ export const ADMIN_PORT = 9421;
 export const DATA_MOUNT_PATH = "/var/lib/x402";
 export const SIGNER_MOUNT_PATH = "/var/run/secrets/x402/signer";
 export const SCREENING_MOUNT_PATH = "/etc/x402/screening";
+/** The digests of the router's tokens (a ConfigMap the operator writes): the facilitator settles only for the router. */
+export const ROUTER_TOKENS_MOUNT_PATH = "/etc/x402/router-tokens";
+export const ROUTER_TOKENS_KEY = "router-tokens";
 export const ROUTING_TABLE_KEY = "routing.json";
 export const DEFAULT_SIGNER_KEY = "signer-keys";
 

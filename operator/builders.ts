@@ -20,6 +20,8 @@ import {
   LABEL_NAME,
   LABEL_PART_OF,
   MANAGED_BY,
+  ROUTER_TOKENS_KEY,
+  ROUTER_TOKENS_MOUNT_PATH,
   ROUTING_TABLE_KEY,
   SCREENING_MOUNT_PATH,
   SIGNER_MOUNT_PATH,
@@ -40,6 +42,8 @@ export interface BuildOptions {
   image: string;
   /** Digest of the referenced Secret values (signer keys, RPC URLs): a change rolls the pods. */
   secretsHash: string;
+  /** The router's token digests are mounted (buildRouterTokensConfigMap): /settle only from the router. */
+  routerTokens?: boolean;
 }
 
 /** Deployment, Service and PodDisruptionBudget share this name. The CRD caps metadata.name so it fits a Service name. */
@@ -216,7 +220,7 @@ export function buildDeployment(fn: FacilitatorNetwork, opts: BuildOptions) {
                 { name: "http", containerPort: FACILITATOR_PORT, protocol: "TCP" },
                 { name: "admin", containerPort: ADMIN_PORT, protocol: "TCP" },
               ],
-              env: facilitatorEnv(fn),
+              env: [...facilitatorEnv(fn), ...(opts.routerTokens ? [{ name: "X402_ROUTER_TOKEN_FILE", value: `${ROUTER_TOKENS_MOUNT_PATH}/${ROUTER_TOKENS_KEY}` }] : [])],
               resources: {
                 requests: fn.spec.resources?.requests ?? DEFAULT_RESOURCES.requests,
                 limits: fn.spec.resources?.limits ?? DEFAULT_RESOURCES.limits,
@@ -232,6 +236,7 @@ export function buildDeployment(fn: FacilitatorNetwork, opts: BuildOptions) {
                 { name: "data", mountPath: DATA_MOUNT_PATH },
                 { name: "tmp", mountPath: "/tmp" },
                 ...(fn.spec.screening?.denyListConfigMapRef ? [{ name: "screening", mountPath: SCREENING_MOUNT_PATH, readOnly: true }] : []),
+                ...(opts.routerTokens ? [{ name: "router-tokens", mountPath: ROUTER_TOKENS_MOUNT_PATH, readOnly: true }] : []),
               ],
             },
           ],
@@ -246,6 +251,8 @@ export function buildDeployment(fn: FacilitatorNetwork, opts: BuildOptions) {
             ...(fn.spec.screening?.denyListConfigMapRef
               ? [{ name: "screening", configMap: { name: fn.spec.screening.denyListConfigMapRef.name, items: [{ key: fn.spec.screening.denyListConfigMapRef.key, path: "deny-list.txt" }] } }]
               : []),
+            // a whole volume too: a rotated token reaches the running pods without a restart
+            ...(opts.routerTokens ? [{ name: "router-tokens", configMap: { name: routerTokensName(fn), items: [{ key: ROUTER_TOKENS_KEY, path: ROUTER_TOKENS_KEY }] } }] : []),
           ],
         },
       },
@@ -277,6 +284,57 @@ export function buildPodDisruptionBudget(fn: FacilitatorNetwork) {
     kind: "PodDisruptionBudget",
     metadata: { name: childName(fn), namespace: fn.metadata.namespace, labels: childLabels(fn), ownerReferences: [ownerReference(fn)] },
     spec: { maxUnavailable: 1, selector: { matchLabels: selectorLabels(fn) } },
+  };
+}
+
+// ---- who may call the facilitator: the router only ------------------------------------------
+
+/** The router's pods when the operator is not told their labels (the chart tells it). */
+export const DEFAULT_ROUTER_POD_LABELS: Record<string, string> = { [LABEL_COMPONENT]: "router" };
+
+/** The router as a facilitator's peer: where its pods run, their labels, and its tokens' digests. */
+export interface RouterAccess {
+  namespace: string;
+  podLabels: Record<string, string>;
+  /** `sha256:<hex>` lines of the router's token Secret (platform/router-token.ts); unset: no credential. */
+  tokenDigests?: string[];
+}
+
+/** `<name>-facilitator-router-tokens`: the digests only, so the token never leaves the router's namespace. */
+export function routerTokensName(fn: FacilitatorNetwork): string {
+  return `${childName(fn)}-router-tokens`;
+}
+
+export function buildRouterTokensConfigMap(fn: FacilitatorNetwork, digests: string[]) {
+  return {
+    apiVersion: "v1",
+    kind: "ConfigMap",
+    metadata: { name: routerTokensName(fn), namespace: fn.metadata.namespace, labels: childLabels(fn), ownerReferences: [ownerReference(fn)] },
+    data: { [ROUTER_TOKENS_KEY]: `${digests.join("\n")}\n` },
+  };
+}
+
+/**
+ * The facilitator's service port admits the router's pods only (a caller elsewhere would skip its
+ * API keys, quotas and budgets); the admin port (/metrics, probes) stays open to any peer, as the
+ * chart's networkPolicy.metricsFrom defaults to. Egress is left alone (RPC providers anywhere).
+ */
+export function buildNetworkPolicy(fn: FacilitatorNetwork, router: RouterAccess) {
+  return {
+    apiVersion: "networking.k8s.io/v1",
+    kind: "NetworkPolicy",
+    metadata: { name: childName(fn), namespace: fn.metadata.namespace, labels: childLabels(fn), ownerReferences: [ownerReference(fn)] },
+    spec: {
+      podSelector: { matchLabels: selectorLabels(fn) },
+      policyTypes: ["Ingress"],
+      ingress: [
+        {
+          from: [{ namespaceSelector: { matchLabels: { "kubernetes.io/metadata.name": router.namespace } }, podSelector: { matchLabels: router.podLabels } }],
+          ports: [{ port: FACILITATOR_PORT, protocol: "TCP" }],
+        },
+        { ports: [{ port: ADMIN_PORT, protocol: "TCP" }] },
+      ],
+    },
   };
 }
 

@@ -8,6 +8,7 @@ import {
   CoreV1Api,
   CustomObjectsApi,
   EventsV1Api,
+  NetworkingV1Api,
   PatchStrategy,
   PolicyV1Api,
   setHeaderOptions,
@@ -68,6 +69,7 @@ export interface Kube {
   coordination: CoordinationV1Api;
   events: EventsV1Api;
   custom: CustomObjectsApi;
+  networking: NetworkingV1Api;
 }
 
 export function connect(kubeConfig: KubeConfig): Kube {
@@ -79,6 +81,7 @@ export function connect(kubeConfig: KubeConfig): Kube {
     coordination: kubeConfig.makeApiClient(CoordinationV1Api),
     events: kubeConfig.makeApiClient(EventsV1Api),
     custom: kubeConfig.makeApiClient(CustomObjectsApi),
+    networking: kubeConfig.makeApiClient(NetworkingV1Api),
   };
 }
 
@@ -91,6 +94,7 @@ export const apply = {
   persistentVolumeClaim: (k: Kube, obj: Applied) => k.core.patchNamespacedPersistentVolumeClaim(applyArgs(obj), APPLY),
   podDisruptionBudget: (k: Kube, obj: Applied) => k.policy.patchNamespacedPodDisruptionBudget(applyArgs(obj), APPLY),
   configMap: (k: Kube, obj: Applied) => k.core.patchNamespacedConfigMap(applyArgs(obj), APPLY),
+  networkPolicy: (k: Kube, obj: Applied) => k.networking.patchNamespacedNetworkPolicy(applyArgs(obj), APPLY),
   /** Status through the /status subresource, same field manager. */
   networkStatus: async (k: Kube, fn: FacilitatorNetwork, status: FacilitatorNetworkStatus): Promise<FacilitatorNetwork> =>
     (await k.custom.patchNamespacedCustomObjectStatus(

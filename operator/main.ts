@@ -35,6 +35,8 @@ export async function runOperatorCommand(options: OperatorOptions, env: NodeJS.P
     clusterDomain: env.X402_CLUSTER_DOMAIN || undefined,
     leaderElection,
     allowPrivateRpc: env.X402_OPERATOR_ALLOW_PRIVATE_RPC === "true",
+    routerPodLabels: env.X402_ROUTER_POD_LABELS ? labelsOf(env.X402_ROUTER_POD_LABELS) : undefined,
+    routerTokenSecret: env.X402_ROUTER_TOKEN_SECRET ? { name: env.X402_ROUTER_TOKEN_SECRET, key: env.X402_ROUTER_TOKEN_SECRET_KEY || "tokens" } : undefined,
     metrics,
     logger,
   });
@@ -59,4 +61,15 @@ export async function runOperatorCommand(options: OperatorOptions, env: NodeJS.P
       await admin.close();
     },
   };
+}
+
+/** `k=v,k=v` (X402_ROUTER_POD_LABELS) as labels. */
+function labelsOf(text: string): Record<string, string> {
+  const labels: Record<string, string> = {};
+  for (const pair of text.split(",").map((p) => p.trim()).filter(Boolean)) {
+    const at = pair.indexOf("=");
+    if (at <= 0) throw new Error(`operator: X402_ROUTER_POD_LABELS: ${pair} is not key=value`);
+    labels[pair.slice(0, at)] = pair.slice(at + 1);
+  }
+  return labels;
 }

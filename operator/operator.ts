@@ -8,7 +8,7 @@ import type { KubeConfig, KubernetesObject, V1ConfigMap, V1Deployment } from "@k
 import { createLogger, type Logger } from "../services/platform/logger.ts";
 import type { Metrics } from "../services/platform/metrics.ts";
 import { API_VERSION, KIND, LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY, keyOf, type FacilitatorNetwork } from "./api.ts";
-import { referencedSecrets } from "./builders.ts";
+import { DEFAULT_ROUTER_POD_LABELS, referencedSecrets } from "./builders.ts";
 import { createChainChecker } from "./chain-checks.ts";
 import { fetchChainId } from "./checks.ts";
 import { createEgress } from "../services/platform/egress.ts";
@@ -34,6 +34,10 @@ export interface OperatorOptions {
   identity?: string;
   routingConfigMap?: string;
   clusterDomain?: string;
+  /** The router's pod labels in `namespace` (default: app.kubernetes.io/component=router): the only peers of a facilitator's service port. */
+  routerPodLabels?: Record<string, string>;
+  /** A Secret in `namespace` holding the router's tokens (platform/router-token.ts): facilitators then settle only for the router. */
+  routerTokenSecret?: { name: string; key: string };
   /** false disables leader election (a single replica); durations default to controller-runtime's. */
   leaderElection?: false | { leaseName?: string; leaseDurationMs?: number; renewDeadlineMs?: number; retryPeriodMs?: number };
   workers?: number;
@@ -131,6 +135,7 @@ export async function startOperator(opts: OperatorOptions): Promise<RunningOpera
         image: opts.facilitatorImage,
         clusterDomain: opts.clusterDomain ?? "cluster.local",
         routingConfigMap: { name: opts.routingConfigMap ?? "x402-fleet-routing", namespace: opts.namespace },
+        router: { namespace: opts.namespace, podLabels: opts.routerPodLabels ?? DEFAULT_ROUTER_POD_LABELS, tokenSecret: opts.routerTokenSecret },
         identity,
       },
       logger,
@@ -216,6 +221,8 @@ export async function startOperator(opts: OperatorOptions): Promise<RunningOpera
       const namespace = s.metadata?.namespace;
       const name = s.metadata?.name;
       if (!namespace || !name) return;
+      // the router's tokens reach every network's facilitators
+      if (namespace === opts.namespace && name === opts.routerTokenSecret?.name) for (const fn of networks.list()) ctrl.enqueue(keyOf(fn.metadata.namespace!, fn.metadata.name));
       for (const fn of networks.list(namespace)) if (referencedSecrets(fn).includes(name)) ctrl.enqueue(keyOf(namespace, fn.metadata.name));
     }
 

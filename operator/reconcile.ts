@@ -8,10 +8,12 @@ import { CONTROLLER_NAME, FINALIZER, keyOf, splitKey, type FacilitatorNetwork } 
 import {
   buildDeployment,
   buildEvent,
+  buildNetworkPolicy,
   buildPersistentVolumeClaim,
   buildPodDisruptionBudget,
   buildRoutingConfigMap,
   buildRoutingTable,
+  buildRouterTokensConfigMap,
   buildService,
   buildStatus,
   childName,
@@ -23,7 +25,10 @@ import {
   transitionEvents,
   type DeploymentState,
   type EventSpec,
+  DEFAULT_ROUTER_POD_LABELS,
+  type RouterAccess,
 } from "./builders.ts";
+import { routerTokenDigests } from "../services/platform/router-token.ts";
 import type { ChainChecker } from "./chain-checks.ts";
 import { checkInputs, type InputCheck } from "./checks.ts";
 import { apply, deleteOwnedPdb, describeError, getNetwork, readSecret, updateNetwork, type Kube } from "./kube.ts";
@@ -34,6 +39,8 @@ export interface ReconcilerConfig {
   clusterDomain: string;
   routingConfigMap: { name: string; namespace: string };
   identity: string;
+  /** The router's pods (the only peers of a facilitator's service port) and its token Secret, when it has one; default: pods labelled component=router beside the routing ConfigMap, no token. */
+  router?: { namespace: string; podLabels: Record<string, string>; tokenSecret?: { name: string; key: string } };
 }
 
 export interface ReconcilerDeps {
@@ -134,7 +141,11 @@ export function createReconciler(deps: ReconcilerDeps): Reconciler {
       // added later (it may hold settlements still in flight); collected with the resource.
       const claim = buildPersistentVolumeClaim(fn);
       if (claim) await apply.persistentVolumeClaim(kube, claim);
-      const applied = await apply.deployment(kube, buildDeployment(fn, { image: config.image, secretsHash: check.secretsHash }));
+      // The router's token digests before the pods that mount them; the policy with the Service.
+      const router = await routerAccess();
+      if (router.tokenDigests) await apply.configMap(kube, buildRouterTokensConfigMap(fn, router.tokenDigests));
+      const applied = await apply.deployment(kube, buildDeployment(fn, { image: config.image, secretsHash: check.secretsHash, routerTokens: Boolean(router.tokenDigests) }));
+      await apply.networkPolicy(kube, buildNetworkPolicy(fn, router));
       await apply.service(kube, buildService(fn));
       const pdb = buildPodDisruptionBudget(fn);
       if (pdb) await apply.podDisruptionBudget(kube, pdb);
@@ -162,6 +173,15 @@ export function createReconciler(deps: ReconcilerDeps): Reconciler {
       return { action: "backoff", reason: problem.reason };
     }
     return done;
+  }
+
+  /** Read on every reconcile (a rotation edits the Secret): a missing or broken Secret fails the pass, never opens the port. */
+  async function routerAccess(): Promise<RouterAccess> {
+    const { namespace, podLabels, tokenSecret } = config.router ?? { namespace: config.routingConfigMap.namespace, podLabels: DEFAULT_ROUTER_POD_LABELS };
+    if (!tokenSecret) return { namespace, podLabels };
+    const value = (await readSecret(kube, namespace, tokenSecret.name))?.data[tokenSecret.key];
+    if (value === undefined) throw new Error(`the router token Secret ${namespace}/${tokenSecret.name} has no key ${tokenSecret.key}`);
+    return { namespace, podLabels, tokenDigests: routerTokenDigests(value) };
   }
 
   async function observe(fn: FacilitatorNetwork): Promise<InputCheck> {

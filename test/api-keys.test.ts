@@ -6,6 +6,7 @@
 // budget is charged what the facilitator's signer lost (fees and the value of gas fundings),
 // whatever the answer's status.
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -30,7 +31,7 @@ import { startRpcFaultProxy } from "./helpers/rpc-fault-proxy.ts";
 import { startRouterService, type RunningRouter } from "../services/router/service.ts";
 import { openDatabase, type Database } from "../services/platform/storage.ts";
 import { API_KEY_MIGRATIONS, createApiKeyStore, type ApiKeyStore } from "../services/tenants/api-keys.ts";
-import type { RunningDevnet } from "../services/devnet/devnet.ts";
+import { devnetRouterTokenFile, type RunningDevnet } from "../services/devnet/devnet.ts";
 import { startTestDevnet } from "./helpers/devnet.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { PG_URL } from "./helpers/hub.ts";
@@ -54,7 +55,7 @@ beforeAll(async () => {
   db = await openDatabase({ url: PG_URL, migrations: API_KEY_MIGRATIONS });
   keys = createApiKeyStore(db, { cacheMs: 0 });
   // a second router on the devnet's routing table, with keys required
-  router = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, apiKeys: true }, pino({ level: "silent" }));
+  router = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, apiKeys: true, routerTokenFile: devnetRouterTokenFile(devnet.dir) }, pino({ level: "silent" }));
 });
 
 afterAll(async () => {
@@ -166,7 +167,7 @@ describe("API keys at the router", () => {
   });
 
   it("quotas hold across two router replicas sharing PostgreSQL: settlements per day and requests per minute, refused before anything is sent", async () => {
-    const second = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, apiKeys: true }, pino({ level: "silent" }));
+    const second = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, apiKeys: true, routerTokenFile: devnetRouterTokenFile(devnet.dir) }, pino({ level: "silent" }));
     try {
       const { key } = await newKey("one-a-day", { settlementsPerDay: 1 });
       const net = devnet.info.networks[0]!;
@@ -209,7 +210,7 @@ describe("API keys at the router", () => {
       const [port, adminPort] = [await freePort(), await freePort()];
       const child = spawn(process.execPath, [BIN, "router", "--routing-table", join(devnet.dir, "routing.json"), "--port", String(port), "--admin-port", String(adminPort), "--host", "127.0.0.1"], {
         stdio: "ignore",
-        env: { ...process.env, X402_ROUTER_API_KEYS: "required", DATABASE_URL: PG_URL, OTEL_EXPORTER_OTLP_ENDPOINT: "" },
+        env: { ...process.env, X402_ROUTER_API_KEYS: "required", X402_ROUTER_TOKEN_FILE: devnetRouterTokenFile(devnet.dir), DATABASE_URL: PG_URL, OTEL_EXPORTER_OTLP_ENDPOINT: "" },
       });
       const url = `http://127.0.0.1:${port}/v2`;
       routers.push({ url, child });
@@ -280,7 +281,7 @@ describe("API keys at the router", () => {
     const dir = mkdtempSync(join(tmpdir(), "x402-admin-"));
     const tokenFile = join(dir, "token");
     writeFileSync(tokenFile, "s3cret-admin-token-0123456789\n");
-    const admin = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, apiKeys: true, adminTokenFile: tokenFile }, pino({ level: "silent" }));
+    const admin = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, apiKeys: true, adminTokenFile: tokenFile, routerTokenFile: devnetRouterTokenFile(devnet.dir) }, pino({ level: "silent" }));
     try {
       const call = async (method: string, path: string, body?: unknown, token = "s3cret-admin-token-0123456789") => {
         const r = await fetch(`${admin.adminUrl}${path}`, { method, headers: { ...(token ? { authorization: `Bearer ${token}` } : {}), ...(body !== undefined ? { "content-type": "application/json" } : {}) }, body: body === undefined ? undefined : JSON.stringify(body) });
@@ -397,12 +398,14 @@ describe("a gas budget is charged what the facilitator's signer lost", () => {
 
   /**
    * A facilitator of its own on BNB Smart Chain (a fresh, funded signer; approval sponsoring on) and
-   * a keyed router in front of it: the signer's balance is this pair's alone.
+   * a keyed router in front of it, sharing a router token: the signer's balance is this pair's alone.
    */
   async function startKeyedPair(name: string, rpcUrl: string) {
     const signerKey = generatePrivateKey();
     const signer = privateKeyToAccount(signerKey).address;
     await createTestClient({ mode: "anvil", transport: http(bsc().rpcUrl) }).setBalance({ address: signer, value: 10n ** 19n });
+    const routerTokenFile = join(devnet.dir, `${name}-router-token`);
+    writeFileSync(routerTokenFile, `${randomBytes(32).toString("hex")}\n`, { mode: 0o600 });
     const config = resolveFacilitatorConfig({
       network: "eip155:56",
       rpcUrls: [rpcUrl],
@@ -413,6 +416,7 @@ describe("a gas budget is charged what the facilitator's signer lost", () => {
       // the devnet's own: anvil serves eth_sendRawTransactionSync, mines at any moment
       policy: { sendRawTransactionSync: true, minBlockIntervalMs: 0 },
       erc20ApprovalSponsoring: "on",
+      routerTokenFile,
       host: "127.0.0.1",
       port: 0,
       adminPort: 0,
@@ -423,7 +427,7 @@ describe("a gas budget is charged what the facilitator's signer lost", () => {
     const table: RoutingTable = { backends: [{ network: "eip155:56", url: facilitator.url, kinds: supported.kinds, signers: facilitator.signers, extensions: supported.extensions }] };
     const routingTablePath = join(devnet.dir, `${name}-routing.json`);
     writeFileSync(routingTablePath, JSON.stringify(table));
-    const keyed = await startRouterService({ routingTablePath, host: "127.0.0.1", port: 0, databaseUrl: PG_URL, apiKeys: true }, pino({ level: "silent" }));
+    const keyed = await startRouterService({ routingTablePath, host: "127.0.0.1", port: 0, databaseUrl: PG_URL, apiKeys: true, routerTokenFile }, pino({ level: "silent" }));
     return {
       url: keyed.url,
       signer,

@@ -304,6 +304,10 @@ describe("the operator", () => {
         "core/services:patch",
         "core/persistentvolumeclaims:create",
         "core/persistentvolumeclaims:patch",
+        "core/configmaps:create",
+        "core/configmaps:patch",
+        "networking.k8s.io/networkpolicies:create",
+        "networking.k8s.io/networkpolicies:patch",
         "policy/poddisruptionbudgets:get",
         "policy/poddisruptionbudgets:create",
         "policy/poddisruptionbudgets:patch",
@@ -323,6 +327,7 @@ describe("the operator", () => {
     expect(self.rules).toEqual([
       { apiGroups: [""], resources: ["configmaps"], verbs: ["list", "watch", "create"] },
       { apiGroups: [""], resources: ["configmaps"], resourceNames: ["fleet-x402-fleet-routing"], verbs: ["patch"] },
+      { apiGroups: [""], resources: ["secrets"], resourceNames: ["fleet-x402-fleet-router-token"], verbs: ["get"] },
       { apiGroups: ["coordination.k8s.io"], resources: ["leases"], verbs: ["create"] },
       { apiGroups: ["coordination.k8s.io"], resources: ["leases"], resourceNames: ["fleet-x402-fleet-operator"], verbs: ["get", "update"] },
     ]);
@@ -392,7 +397,7 @@ describe("the hub", () => {
     const env = c.env as { name: string; value?: string; valueFrom?: object }[];
     expect(env.find((e) => e.name === "DATABASE_URL")).toEqual({ name: "DATABASE_URL", valueFrom: { secretKeyRef: { name: "fleet-x402-fleet-hub-database", key: "url" } } });
     expect(env.every((e) => !String(e.value ?? "").startsWith("postgres"))).toBe(true);
-    expect(find(defaults, "Secret")).toEqual([]);
+    expect(find(defaults, "Secret").filter((x) => x.metadata.name !== "fleet-x402-fleet-router-token")).toEqual([]);
 
     const own = docsOf("everything");
     const secret = one(own, "Secret", "fleet-x402-fleet-hub-database");
@@ -627,6 +632,30 @@ describe("the router's API keys", () => {
     expect(env.X402_ROUTER_ADMIN_TOKEN_FILE).toBe("/var/run/secrets/x402/router-admin/admin-token");
     expect(pod.containers[0]!.volumeMounts).toContainEqual({ name: "admin-token", mountPath: "/var/run/secrets/x402/router-admin", readOnly: true });
     expect(pod.volumes).toContainEqual({ name: "admin-token", secret: { secretName: "router-admin", items: [{ key: "token", path: "admin-token" }], defaultMode: 288 } });
+  });
+
+  it("the router's token at the facilitators: a random one in a kept Secret by default (or an existing Secret), mounted as a directory; the operator told its Secret and the router pods' labels", () => {
+    const envOf = (c: Container) => Object.fromEntries((c.env as { name: string; value?: string }[]).map((e) => [e.name, e.value]));
+    const check = (docs: ReturnType<typeof render>, secretName: string, key: string) => {
+      const router = one(docs, "Deployment", "fleet-x402-fleet-router");
+      const pod = podSpec(router);
+      expect(envOf(pod.containers[0]!).X402_ROUTER_TOKEN_FILE).toBe("/var/run/secrets/x402/router-token/tokens");
+      expect(pod.containers[0]!.volumeMounts).toContainEqual({ name: "router-token", mountPath: "/var/run/secrets/x402/router-token", readOnly: true });
+      expect(pod.volumes).toContainEqual({ name: "router-token", secret: { secretName, items: [{ key, path: "tokens" }], defaultMode: 288 } });
+      const operator = envOf(podSpec(one(docs, "Deployment", "fleet-x402-fleet-operator")).containers[0]!);
+      expect(operator).toMatchObject({ X402_ROUTER_TOKEN_SECRET: secretName, X402_ROUTER_TOKEN_SECRET_KEY: key });
+      // the labels the operator's NetworkPolicies admit are exactly the router pods' selector
+      const labels = Object.fromEntries(operator.X402_ROUTER_POD_LABELS!.split(",").map((p) => p.split("=") as [string, string]));
+      expect(labels).toEqual((router.spec as { selector: { matchLabels: object } }).selector.matchLabels);
+    };
+    const defaults = docsOf("defaults");
+    check(defaults, "fleet-x402-fleet-router-token", "tokens");
+    const secret = one(defaults, "Secret", "fleet-x402-fleet-router-token") as unknown as { metadata: { annotations: Record<string, string> }; data: Record<string, string> };
+    expect(secret.metadata.annotations["helm.sh/resource-policy"]).toBe("keep");
+    expect(Buffer.from(secret.data.tokens!, "base64").toString()).toMatch(/^[A-Za-z0-9]{64}\n$/);
+    const existing = render({ values: { router: { facilitatorToken: { existingSecret: "fleet-router-token", secretKey: "t" } } } });
+    check(existing, "fleet-router-token", "t");
+    expect(find(existing, "Secret").map((x) => x.metadata.name)).not.toContain("fleet-x402-fleet-router-token");
   });
 
   it("the discovery catalog: off by default; on, the router gets X402_ROUTER_DISCOVERY=on and the shared database", () => {

@@ -8,6 +8,7 @@ import { beforeAll, describe, expect, it } from "vitest";
 import { Deployment } from "kubernetes-models/apps/v1";
 import { ConfigMap, PersistentVolumeClaim, Service } from "kubernetes-models/v1";
 import { PodDisruptionBudget } from "kubernetes-models/policy/v1";
+import { NetworkPolicy } from "kubernetes-models/networking.k8s.io/v1";
 import { Event } from "kubernetes-models/events.k8s.io/v1";
 import { CoreV1Api } from "@kubernetes/client-node";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
@@ -16,10 +17,12 @@ import { ANNOTATION_SECRETS_HASH, FACILITATOR_PORT, ROUTING_TABLE_KEY, type Cond
 import {
   buildDeployment,
   buildEvent,
+  buildNetworkPolicy,
   buildPersistentVolumeClaim,
   buildPodDisruptionBudget,
   buildRoutingConfigMap,
   buildRoutingTable,
+  buildRouterTokensConfigMap,
   buildService,
   buildStatus,
   deploymentState,
@@ -39,6 +42,7 @@ import { fetch as undiciFetch } from "undici";
 import { expandEnv } from "./helpers/local-pod.ts";
 import { describeWithControlPlane } from "./helpers/control-plane.ts";
 import { parseBlocks } from "./helpers/doc-blocks.ts";
+import { parseRouterTokens, routerTokenDigests } from "../services/platform/router-token.ts";
 
 function network(overrides: Partial<FacilitatorNetwork["spec"]> = {}, meta: Partial<FacilitatorNetwork["metadata"]> = {}): FacilitatorNetwork {
   return {
@@ -233,6 +237,45 @@ describe("the Service and the PodDisruptionBudget", () => {
     const pdb = buildPodDisruptionBudget(network({ replicas: 2 }))!;
     new PodDisruptionBudget(pdb as never).validate();
     expect(pdb.spec).toEqual({ maxUnavailable: 1, selector: { matchLabels: buildService(network()).spec.selector } });
+  });
+});
+
+describe("only the router reaches a facilitator's service port", () => {
+  const router = { namespace: "x402-system", podLabels: { "app.kubernetes.io/name": "x402-fleet", "app.kubernetes.io/instance": "fleet", "app.kubernetes.io/component": "router" } };
+
+  it("a NetworkPolicy admits the router's pods to port 4021 and anyone to the admin port (Prometheus, probes)", () => {
+    const fn = network();
+    const np = buildNetworkPolicy(fn, router);
+    new NetworkPolicy(np as never).validate();
+    expect(np.metadata).toMatchObject({ name: "base-facilitator", namespace: "payments", ownerReferences: [expect.objectContaining({ kind: "FacilitatorNetwork", uid: "uid-base", controller: true })] });
+    expect(np.spec.podSelector.matchLabels).toEqual(buildDeployment(fn, OPTS).spec.selector.matchLabels);
+    expect(np.spec.policyTypes).toEqual(["Ingress"]);
+    expect(np.spec.ingress).toEqual([
+      { from: [{ namespaceSelector: { matchLabels: { "kubernetes.io/metadata.name": "x402-system" } }, podSelector: { matchLabels: router.podLabels } }], ports: [{ port: FACILITATOR_PORT, protocol: "TCP" }] },
+      { ports: [{ port: 9421, protocol: "TCP" }] },
+    ]);
+  });
+
+  it("the router's token digests (never the token) in a ConfigMap the pods mount as a whole volume, X402_ROUTER_TOKEN_FILE pointing at it", () => {
+    const fn = network();
+    const token = "f".repeat(64);
+    const digests = routerTokenDigests(`${token}\n${"e".repeat(64)}\n`);
+    const cm = buildRouterTokensConfigMap(fn, digests);
+    new ConfigMap(cm as never).validate();
+    expect(cm.metadata).toMatchObject({ name: "base-facilitator-router-tokens", namespace: "payments", ownerReferences: [expect.objectContaining({ uid: "uid-base" })] });
+    expect(JSON.stringify(cm)).not.toContain(token);
+    // what the facilitator reads back: two digests
+    expect(parseRouterTokens(cm.data["router-tokens"]).map((e) => [e.token, e.digest.toString("hex")])).toEqual(digests.map((d) => [undefined, d.slice("sha256:".length)]));
+    const d = buildDeployment(fn, { ...OPTS, routerTokens: true });
+    new Deployment(d as never).validate();
+    const c = d.spec.template.spec.containers[0]!;
+    expect(c.env).toContainEqual({ name: "X402_ROUTER_TOKEN_FILE", value: "/etc/x402/router-tokens/router-tokens" });
+    expect(c.volumeMounts).toContainEqual({ name: "router-tokens", mountPath: "/etc/x402/router-tokens", readOnly: true });
+    expect(d.spec.template.spec.volumes).toContainEqual({ name: "router-tokens", configMap: { name: "base-facilitator-router-tokens", items: [{ key: "router-tokens", path: "router-tokens" }] } });
+    // without a token Secret the facilitator is open (the NetworkPolicy still holds)
+    const open = buildDeployment(fn, OPTS);
+    expect(open.spec.template.spec.containers[0]!.env!.map((e) => e.name)).not.toContain("X402_ROUTER_TOKEN_FILE");
+    expect(open.spec.template.spec.volumes.map((v) => v.name)).not.toContain("router-tokens");
   });
 });
 
@@ -525,6 +568,9 @@ describeWithControlPlane("the built objects on kube-apiserver (server-side dry r
     const embedded = network({ storage: { size: "2Gi", storageClassName: "standard" }, screening: { denyListConfigMapRef: { name: "sanctions", key: "addresses" } } });
     expect(await dryRun("/api/v1/namespaces/payments/persistentvolumeclaims", buildPersistentVolumeClaim(embedded)!)).toEqual({ status: 201, message: "" });
     expect(await dryRun("/apis/apps/v1/namespaces/payments/deployments", buildDeployment(embedded, OPTS))).toEqual({ status: 201, message: "" });
+    expect(await dryRun("/apis/networking.k8s.io/v1/namespaces/payments/networkpolicies", buildNetworkPolicy(full, { namespace: "x402-system", podLabels: { "app.kubernetes.io/component": "router" } }))).toEqual({ status: 201, message: "" });
+    expect(await dryRun("/api/v1/namespaces/payments/configmaps", buildRouterTokensConfigMap(full, routerTokenDigests("f".repeat(64))))).toEqual({ status: 201, message: "" });
+    expect(await dryRun("/apis/apps/v1/namespaces/payments/deployments", buildDeployment(full, { ...OPTS, routerTokens: true }))).toEqual({ status: 201, message: "" });
     const table = buildRoutingTable([], "cluster.local");
     expect(await dryRun("/api/v1/namespaces/payments/configmaps", buildRoutingConfigMap(table, { name: "x402-fleet-routing", namespace: "payments" }))).toEqual({ status: 201, message: "" });
     const e = buildEvent(full, { type: "Warning", reason: "ChainIdMismatch", note: "x" }, { now: new Date("2026-01-01T00:00:00.123Z"), seq: 7, instance: "op-0", controller: "x402fleet.io/operator" });

@@ -1,5 +1,6 @@
 // The embedded default: real anvil nodes for the contract's networks, our devnet contracts and
 // tokens on them, one facilitator service per network and the router, all on this machine.
+import { randomBytes } from "node:crypto";
 import { mkdir, writeFile } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { mnemonicToAccount } from "viem/accounts";
@@ -86,6 +87,11 @@ export interface DevnetInfo {
   smartWallets: SmartWallets & { ownerPrivateKey: Hex };
 }
 
+/** The token the devnet's router presents to its facilitators (platform/router-token.ts); another router on the devnet's table needs it to settle. */
+export function devnetRouterTokenFile(stateDir: string): string {
+  return join(resolve(stateDir), "keys", "router-token");
+}
+
 export interface RunningDevnet {
   info: DevnetInfo;
   infoPath: string;
@@ -131,6 +137,9 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
 
   try {
     await mkdir(join(stateDir, "keys"), { recursive: true, mode: 0o700 });
+    // The facilitators settle only for the router, as in a cluster: a new token on every start.
+    const routerTokenFile = devnetRouterTokenFile(stateDir);
+    await writeFile(routerTokenFile, `${randomBytes(32).toString("hex")}\n`, { mode: 0o600 });
     // The chains are new on every start, so is their settlement state: one in-memory engine shared by every network.
     const database = await openDatabase();
     db = database;
@@ -172,6 +181,7 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
           // (at most its gas limit x fee) and relayed; 0.05 of the native coin per day at most.
           erc20ApprovalSponsoring: "on",
           erc20ApprovalDailyFundingWei: (5n * 10n ** 16n).toString(),
+          routerTokenFile,
           host,
           port: routerPort === 0 ? 0 : routerPort + 101 + i,
           adminPort: routerPort === 0 ? 0 : routerPort + 301 + i, // 4321…: clear of common local services (NATS listens on 4222)
@@ -194,7 +204,7 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
     const routingTablePath = join(stateDir, "routing.json");
     await writeFile(routingTablePath, JSON.stringify(table, null, 2));
     router = await startRouterService(
-      { routingTablePath, host, port: routerPort, adminPort: routerPort === 0 ? 0 : routerPort + 100 },
+      { routingTablePath, host, port: routerPort, adminPort: routerPort === 0 ? 0 : routerPort + 100, routerTokenFile },
       logger.child({ service: "router" }),
     );
 

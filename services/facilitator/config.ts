@@ -64,6 +64,8 @@ export interface FacilitatorConfig {
   receiverAuthorizerKey?: `0x${string}`;
   /** Receivers the authorizer key signs for: `<address> <sha256 of token>` lines (receiver-auth.ts). */
   receiverCredentialsFile?: string;
+  /** Tokens (or their digests) a router authenticates with (platform/router-token.ts); set: /settle only from the router. */
+  routerTokenFile?: string;
   /** When set, only these token contracts are accepted (checksummed). */
   allowedAssets?: `0x${string}`[];
   /** A deny-list file of payer and payee addresses (screening.ts), re-read when it changes. */
@@ -110,6 +112,7 @@ const fileSchema = z
     erc20ApprovalMaxGas: z.number().int().min(21_000).max(1_000_000),
     erc20ApprovalMaxFundingWei: z.string().regex(/^[0-9]{1,78}$/, "expected wei as a decimal integer"),
     erc20ApprovalDailyFundingWei: z.string().regex(/^[0-9]{1,78}$/, "expected wei as a decimal integer"),
+    routerTokenFile: z.string(),
     allowedAssets: z.array(z.string().regex(/^0x[0-9a-fA-F]{40}$/, "expected a 0x-prefixed 20-byte hex address")),
     schemes: z.array(z.enum(SCHEMES)).min(1),
     host: z.string(),
@@ -192,6 +195,7 @@ export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorCon
     erc20ApprovalMaxFundingWei: env.X402_ERC20_APPROVAL_MAX_FUNDING_WEI || undefined,
     erc20ApprovalDailyFundingWei: env.X402_ERC20_APPROVAL_DAILY_FUNDING_WEI || undefined,
     allowedAssets: list(env.X402_ASSETS),
+    routerTokenFile: env.X402_ROUTER_TOKEN_FILE || undefined,
     schemes: list(env.X402_SCHEMES) as Scheme[] | undefined,
     host: env.HOST,
     port: num("PORT"),
@@ -300,6 +304,7 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
             dailyFundingWei: c.erc20ApprovalDailyFundingWei !== undefined ? BigInt(c.erc20ApprovalDailyFundingWei) : undefined,
           }
         : undefined,
+    routerTokenFile: c.routerTokenFile,
     allowedAssets: c.allowedAssets?.map((a) => getAddress(a)),
     assets: (c.assets as AssetInfo[] | undefined) ?? networkInfo(c.network)?.assets ?? [],
     policy: c.confirmations !== undefined ? { ...policy, confirmations: c.confirmations } : policy,

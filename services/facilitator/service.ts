@@ -5,6 +5,8 @@ import { readFileSync } from "node:fs";
 import { privateKeyToAccount } from "viem/accounts";
 import { settlementAccount } from "./crypto/secp256k1.ts";
 import { FLEET_HEADERS, createContractApp } from "../platform/http.ts";
+import { watchRouterTokens } from "../platform/router-token.ts";
+import { RequestError } from "../x402/errors.ts";
 import { serve, serviceDatabase, startService, type RunningService } from "../platform/lifecycle.ts";
 import { createLogger, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
@@ -145,6 +147,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
       receiverCredentials: config.receiverCredentialsFile ? readReceiverCredentials(config.receiverCredentialsFile) : undefined,
     });
 
+    const routerTokens = config.routerTokenFile ? life.own(watchRouterTokens(config.routerTokenFile, log)) : undefined;
     const ok = (body: unknown) => ({ status: 200, body });
     const app = createContractApp({
       logger: log,
@@ -154,10 +157,14 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
       longestHandlerMs: config.receiptTimeoutMs, // a settle waits for its receipt up to this bound
       maxInFlight: config.maxInFlight,
       shedHeaders: { [FLEET_HEADERS.gasSpent]: "0" }, // shed before anything ran: nothing to charge
+      routerTokens,
       handlers: {
         verify: async (body) => ok(await facilitator.verify(body)),
         settle: async (body, caller) => {
           const gas = GasMeter.fromHeader(caller.gasAllowance);
+          // An authenticated router always says what a settle may spend ("unlimited" for a key
+          // without a budget): a missing or malformed allowance never means no limit.
+          if (caller.fromRouter && !gas) throw new RequestError("gas_allowance_required", `the router sent no valid ${FLEET_HEADERS.gasAllowance}: wei or "unlimited"`);
           try {
             return { ...ok(await facilitator.settle(body, caller, gas)), headers: gas?.headers() };
           } catch (e) {

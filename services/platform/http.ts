@@ -5,6 +5,7 @@ import { COMMON_STATUS, CodedError } from "./errors.ts";
 import { createServiceApp } from "./http-kit.ts";
 import type { Logger } from "./logger.ts";
 import type { Metrics } from "./metrics.ts";
+import type { RouterTokens } from "./router-token.ts";
 import type { ServerTimeouts } from "./timeouts.ts";
 
 /**
@@ -12,6 +13,8 @@ import type { ServerTimeouts } from "./timeouts.ts";
  * gas a settlement may commit for the calling API key, and what it spent (services/tenants).
  */
 export const FLEET_HEADERS = {
+  /** Router → facilitator: the router's credential (router-token.ts); router-only headers count only beside it. */
+  routerToken: "x402-fleet-router-token",
   /** Router → facilitator: wei this settle may commit, or "unlimited" (metering only). */
   gasAllowance: "x402-fleet-gas-allowance",
   /** Facilitator → router: wei the transactions of this call cost on chain; absent while one is not mined. */
@@ -25,7 +28,9 @@ export interface CallerHeaders {
   authorization?: string;
   /** X-API-Key: the router's API key, when the caller sends it apart from Authorization. */
   apiKey?: string;
-  /** FLEET_HEADERS.gasAllowance, as sent by the router. */
+  /** The call came from a router presenting a token the facilitator accepts (ContractAppOptions.routerTokens). */
+  fromRouter?: boolean;
+  /** FLEET_HEADERS.gasAllowance, as sent by an authenticated router; never read from anyone else. */
   gasAllowance?: string;
 }
 
@@ -63,6 +68,12 @@ export interface ContractAppOptions {
   maxInFlight?: InFlightCaps;
   /** Extra headers of a request shed by that cap (the facilitator tells the router that nothing was spent). */
   shedHeaders?: Record<string, string>;
+  /**
+   * A facilitator's router credential. Set: /settle is refused (401, before any work) without an
+   * accepted FLEET_HEADERS.routerToken, and router-only headers are read only beside one. Unset
+   * (the router's own app, a lone facilitator): anyone may settle and router-only headers are ignored.
+   */
+  routerTokens?: RouterTokens;
 }
 
 export interface InFlightCaps {
@@ -124,6 +135,11 @@ export function createContractApp(opts: ContractAppOptions): FastifyInstance {
       let inFlight = 0;
       const labels = { service: opts.service, route: `/v2/${action}` };
       app.post(`/v2/${action}`, { schema: { response: { 200: RESPONSE_SCHEMAS[action] } } }, async (request, r) => {
+        const fromRouter = opts.routerTokens?.accepts(headerValue(request.headers[FLEET_HEADERS.routerToken])) ?? false;
+        // verify spends no gas and stays open; a settle signs, so only the router's are taken.
+        if (action === "settle" && opts.routerTokens && !fromRouter) {
+          throw new CodedError("router_token_required", `this ${opts.service} settles only for its router: ${FLEET_HEADERS.routerToken} missing or not accepted`, 401);
+        }
         if (inFlight >= cap) {
           opts.metrics.httpShed.inc(labels);
           throw new CodedError("backend_unavailable", `this ${opts.service} is already handling ${cap} ${action} requests, the most it takes at once; retry in ${SHED_RETRY_AFTER_S} s`, COMMON_STATUS.backend_unavailable, {
@@ -134,7 +150,12 @@ export function createContractApp(opts: ContractAppOptions): FastifyInstance {
         inFlight++;
         opts.metrics.httpInFlight.inc(labels);
         try {
-          return reply(r, await opts.handlers[action](request.body, { authorization: request.headers.authorization, apiKey: headerValue(request.headers["x-api-key"]), gasAllowance: headerValue(request.headers[FLEET_HEADERS.gasAllowance]) }));
+          const caller: CallerHeaders = { authorization: request.headers.authorization, apiKey: headerValue(request.headers["x-api-key"]) };
+          if (fromRouter) {
+            caller.fromRouter = true;
+            caller.gasAllowance = headerValue(request.headers[FLEET_HEADERS.gasAllowance]);
+          }
+          return reply(r, await opts.handlers[action](request.body, caller));
         } finally {
           inFlight--;
           opts.metrics.httpInFlight.dec(labels);

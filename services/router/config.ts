@@ -17,6 +17,10 @@ export function routerOptionsFrom(flags: FlagValues<typeof FLAGS>, env: NodeJS.P
   // The replicas share keys, quotas and the catalog: an embedded engine would split them.
   if (apiKeys && !env.DATABASE_URL) throw new Error("router: X402_ROUTER_API_KEYS=required needs DATABASE_URL (the PostgreSQL database the replicas share)");
   if (discovery && !env.DATABASE_URL) throw new Error("router: X402_ROUTER_DISCOVERY=on needs DATABASE_URL (the PostgreSQL database the replicas share)");
+  const routerTokenFile = env.X402_ROUTER_TOKEN_FILE || undefined;
+  // A facilitator reads a gas allowance only from a router it authenticates: without the token a
+  // tenant's budget would not bind there, and its port would settle for anyone.
+  if (apiKeys && !routerTokenFile) throw new Error("router: X402_ROUTER_API_KEYS=required needs X402_ROUTER_TOKEN_FILE (the token the facilitators accept from the router: docs/tenants.md)");
   // Requests held at once (load shedding); the router only forwards, and fronts one facilitator per network.
   const cap = (name: string, fallback: number) => {
     const v = wholeNumber(name, env[name]);
@@ -29,6 +33,7 @@ export function routerOptionsFrom(flags: FlagValues<typeof FLAGS>, env: NodeJS.P
     apiKeys,
     discovery,
     adminTokenFile: env.X402_ROUTER_ADMIN_TOKEN_FILE || undefined,
+    routerTokenFile,
     routingTablePath,
     host: flags.host ?? env.HOST ?? "127.0.0.1",
     ...listen,
@@ -44,6 +49,7 @@ env: OTEL_EXPORTER_OTLP_ENDPOINT,
   X402_ROUTER_API_KEYS=required with DATABASE_URL: /verify and /settle need an API key,
   X402_ROUTER_DISCOVERY=on with DATABASE_URL: the bazaar catalog at /v2/discovery/*,
   X402_ROUTER_ADMIN_TOKEN_FILE: the key admin API at /admin/v1/* on the admin port,
+  X402_ROUTER_TOKEN_FILE: the token sent to the facilitators (its first line; required with API keys),
   X402_MAX_VERIFY_IN_FLIGHT, X402_MAX_SETTLE_IN_FLIGHT: requests held at once (16384 each), past it 503 + Retry-After
 `,
   flags: FLAGS,

@@ -9,6 +9,7 @@ import { rawBodyOf } from "../platform/http-kit.ts";
 import { FLEET_HEADERS, type CallerHeaders, type ContractHandlers, type HandlerResult } from "../platform/http.ts";
 import type { Logger } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
+import type { RouterToken } from "../platform/router-token.ts";
 import { traceHeaders } from "../platform/tracing.ts";
 import { API_KEY_PREFIX, outOfScope, type ApiKeyInfo, type ApiKeyStore, type GasReservation } from "../tenants/api-keys.ts";
 import type { Backend, RoutingTable } from "./routing-table.ts";
@@ -23,6 +24,8 @@ export interface RouterOptions {
   discovery?: RouterDiscovery;
   verifyTimeoutMs?: number;
   settleTimeoutMs?: number;
+  /** Our credential at the facilitators (platform/router-token.ts): sent with every forwarded call. */
+  routerToken?: RouterToken;
 }
 
 export interface Router extends ContractHandlers {
@@ -145,7 +148,10 @@ export function createRouter(opts: RouterOptions): Router {
       headers["content-type"] = "application/json";
       // The caller's credentials go to the facilitator as sent (receiver authentication for batch-settlement).
       if (forwardedAuthorization) headers.authorization = forwardedAuthorization;
-      if (gas) headers[FLEET_HEADERS.gasAllowance] = gas.day ? gas.wei.toString() : "unlimited";
+      if (opts.routerToken) headers[FLEET_HEADERS.routerToken] = opts.routerToken.current();
+      // A facilitator that knows us refuses a settle without an allowance: without keys, or for a
+      // key with no budget on this network, it is "unlimited" (metering only).
+      if (action === "settle" && (gas || opts.routerToken)) headers[FLEET_HEADERS.gasAllowance] = gas?.day ? gas.wei.toString() : "unlimited";
       let res: Answer;
       try {
         // The body as received (the facilitator validates it all): no second serialisation on the hot path.

@@ -8,6 +8,7 @@ import { API_KEY_MIGRATIONS, createApiKeyStore } from "../tenants/api-keys.ts";
 import { createRouter } from "./router.ts";
 import { createRouterDiscovery } from "./discovery.ts";
 import { readAdminTokenFile } from "../platform/admin-token.ts";
+import { watchRouterToken } from "../platform/router-token.ts";
 import { registerKeyAdmin } from "../tenants/admin-api.ts";
 import { DEFAULT_CATALOG_MAX_AGE_MS, DISCOVERY_MIGRATIONS, createCatalog } from "../discovery/catalog.ts";
 import { watchRoutingTable } from "./routing-table.ts";
@@ -33,6 +34,8 @@ export interface RouterConfig {
   adminTokenFile?: string;
   /** Requests held at once, per action: past it a 503 with Retry-After (unset: no cap). */
   maxInFlight?: InFlightCaps;
+  /** Our credential at the facilitators: a file whose first line is the token (platform/router-token.ts), re-read on change. */
+  routerTokenFile?: string;
 }
 
 export type RunningRouter = RunningService;
@@ -48,7 +51,8 @@ export async function startRouterService(config: RouterConfig, logger: Logger = 
     const apiKeys = keysDb && config.apiKeys ? createApiKeyStore(keysDb) : undefined;
     const catalog = keysDb && config.discovery ? createCatalog(keysDb) : undefined;
     const discovery = catalog ? createRouterDiscovery(catalog, logger) : undefined;
-    const router = life.own(createRouter({ logger, metrics, apiKeys, discovery }));
+    const routerToken = config.routerTokenFile ? life.own(watchRouterToken(config.routerTokenFile, logger)) : undefined;
+    const router = life.own(createRouter({ logger, metrics, apiKeys, discovery, routerToken }));
     // Hourly housekeeping of the shared database: old quota windows, resources nobody paid for in 30 days.
     if (keysDb) {
       const prune = setInterval(() => {

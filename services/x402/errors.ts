@@ -19,6 +19,7 @@ const STATUS = {
   api_key_out_of_scope: 403,
   quota_exceeded: 429,
   gas_budget_exhausted: 429,
+  gas_allowance_required: 400,
   payment_identifier_conflict: 409,
 } as const;
 

@@ -27,6 +27,19 @@
 {{- default (printf "%s-routing" (include "x402-fleet.fullname" .)) .Values.router.routingTable.configMapName -}}
 {{- end -}}
 
+{{- /* The Secret of the token the router presents to the facilitators (services/platform/router-token.ts). */ -}}
+{{- define "x402-fleet.routerTokenSecret" -}}
+{{- default (printf "%s-router-token" (include "x402-fleet.fullname" .)) .Values.router.facilitatorToken.existingSecret -}}
+{{- end -}}
+
+{{- /* The router pods' selector labels as k=v,k=v (X402_ROUTER_POD_LABELS: the operator's NetworkPolicies admit them). */ -}}
+{{- define "x402-fleet.routerPodLabels" -}}
+{{- $labels := fromYaml (include "x402-fleet.selectorLabels" (dict "ctx" . "component" "router")) -}}
+{{- $pairs := list -}}
+{{- range $k := keys $labels | sortAlpha }}{{ $pairs = append $pairs (printf "%s=%s" $k (get $labels $k)) }}{{ end -}}
+{{- join "," $pairs -}}
+{{- end -}}
+
 {{- define "x402-fleet.operatorServiceAccount" -}}
 {{- if .Values.operator.serviceAccount.create -}}
 {{- default (printf "%s-operator" (include "x402-fleet.fullname" .)) .Values.operator.serviceAccount.name -}}
