@@ -2,7 +2,10 @@
 // server declaring the bazaar extension is paid once through a discovery-enabled router, then
 // appears in GET /v2/discovery/resources (read with the reference `withBazaar` client), filterable
 // and searchable. Hostile declarations (a client echoes whatever it likes) are soft-dropped field by
-// field, or refused whole when the resource URL is an IP literal or localhost.
+// field, or refused whole when the resource URL is an IP literal or localhost. A declarer cannot
+// take over someone else's entry: /verify writes nothing, and a settled declaration of another's
+// URL (judged on chain: its payment landed) only appends its own payment option (rows read from
+// the catalog, on PostgreSQL and on the embedded engine).
 import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { randomBytes } from "node:crypto";
@@ -13,18 +16,21 @@ import { pino } from "pino";
 import { paymentMiddleware, x402ResourceServer } from "@x402/express";
 import { HTTPFacilitatorClient } from "@x402/core/server";
 import { x402Client } from "@x402/core/client";
-import type { PaymentRequired } from "@x402/core/types";
+import type { PaymentPayload, PaymentRequired, PaymentRequirements } from "@x402/core/types";
 import { ExactEvmScheme as ExactEvmServer } from "@x402/evm/exact/server";
 import { ExactEvmScheme as ExactEvmClient } from "@x402/evm/exact/client";
 import { bazaarResourceServerExtension, declareDiscoveryExtension, withBazaar } from "@x402/extensions/bazaar";
 import { wrapFetchWithPayment } from "@x402/fetch";
-import { privateKeyToAccount } from "viem/accounts";
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
+import type { Address, Hex } from "viem";
 import { startRouterService, type RunningRouter } from "../services/router/service.ts";
 import { openDatabase, type Database } from "../services/platform/storage.ts";
-import { DISCOVERY_MIGRATIONS, createCatalog } from "../services/discovery/catalog.ts";
-import type { RunningDevnet } from "../services/devnet/devnet.ts";
+import { DISCOVERY_MIGRATIONS, MAX_OTHER_ACCEPTS, createCatalog } from "../services/discovery/catalog.ts";
+import { createApiKeyStore, type ApiKeyStore } from "../services/tenants/api-keys.ts";
+import { devnetRouterTokenFile, type RunningDevnet } from "../services/devnet/devnet.ts";
 import { startTestDevnet } from "./helpers/devnet.ts";
-import { balanceOf } from "./helpers/chain.ts";
+import { balanceOf, receiptStatus } from "./helpers/chain.ts";
+import { nonceOf } from "./helpers/onchain.ts";
 import { PG_URL } from "./helpers/hub.ts";
 import { postJson } from "./helpers/payments.ts";
 
@@ -32,18 +38,26 @@ const run = randomBytes(4).toString("hex"); // this run's resources, apart from 
 const host = `weather-${run}.example.com`;
 let devnet: RunningDevnet & { dir: string };
 let router: RunningRouter;
+/** A second router on the same catalog, with API keys required: declarers are tenants too. */
+let keyedRouter: RunningRouter;
+let keys: ApiKeyStore;
+const keyIds: string[] = [];
 let db: Database;
 let server: Server;
 
 beforeAll(async () => {
   devnet = await startTestDevnet(["eip155:8453"], { hub: false, wallets: false });
   db = await openDatabase({ url: PG_URL, migrations: DISCOVERY_MIGRATIONS });
-  router = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, discovery: true }, pino({ level: "silent" }));
+  router = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, discovery: true, routerTokenFile: devnetRouterTokenFile(devnet.dir) }, pino({ level: "silent" }));
+  keyedRouter = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, discovery: true, apiKeys: true, routerTokenFile: devnetRouterTokenFile(devnet.dir) }, pino({ level: "silent" }));
+  keys = createApiKeyStore(db, { cacheMs: 0 });
 });
 
 afterAll(async () => {
   await new Promise((r) => server?.close(r));
   await router?.close();
+  await keyedRouter?.close();
+  if (keyIds.length) for (const table of ["tenant_api_keys", "tenant_quota_usage", "tenant_usage"]) await db.query(`DELETE FROM ${table} WHERE ${table === "tenant_api_keys" ? "id" : "key_id"} = ANY($1::text[])`, [keyIds]);
   await db?.query("DELETE FROM discovery_resources WHERE resource LIKE $1", [`%${run}%`]);
   await db?.close();
   await devnet?.stop();
@@ -51,6 +65,52 @@ afterAll(async () => {
 
 const payTo = () => devnet.info.receivers[0]!.address;
 const bazaar = () => withBazaar(new HTTPFacilitatorClient({ url: router.url })).extensions.bazaar;
+const usdcOf = () => devnet.info.networks[0]!.assets.find((a) => a.transferMethods.includes("eip3009"))!;
+const rpcUrl = () => devnet.info.networks[0]!.rpcUrl;
+
+/** A declaration as the resource server's extension sends it (enriched with the route's method). */
+function declaration(): Record<string, unknown> {
+  const declared = declareDiscoveryExtension({ input: { q: "x" }, inputSchema: { properties: { q: { type: "string" } } } }).bazaar!;
+  return { bazaar: { ...declared, info: { ...declared.info, input: { ...declared.info.input, method: "GET" } } } };
+}
+
+/**
+ * A client's payment echoing whatever `resource` and `extensions` it likes, sent to a router's
+ * /verify or /settle (with an API key when given): the answer and the catalog's outcome header.
+ */
+async function declare(action: "verify" | "settle", resource: Record<string, unknown>, opts: { extensions?: Record<string, unknown>; payTo?: Address; key?: string; via?: RunningRouter } = {}) {
+  const usdc = usdcOf();
+  const requirements = { scheme: "exact", network: "eip155:8453" as const, asset: usdc.address, amount: "1000", payTo: opts.payTo ?? payTo(), maxTimeoutSeconds: 300, extra: { name: usdc.eip712!.name, version: usdc.eip712!.version } };
+  const client = x402Client.fromConfig({ schemes: [{ network: "eip155:*", client: new ExactEvmClient(privateKeyToAccount(devnet.info.payers[1]!.privateKey)) }] });
+  const paymentRequired = { x402Version: 2, resource, accepts: [requirements], extensions: opts.extensions ?? declaration() } as unknown as PaymentRequired;
+  const paymentPayload = await client.createPaymentPayload(paymentRequired);
+  const res = await fetch(`${(opts.via ?? router).url}/${action}`, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...(opts.key ? { authorization: `Bearer ${opts.key}` } : {}) },
+    body: JSON.stringify({ x402Version: 2, paymentPayload, paymentRequirements: requirements }),
+  });
+  const header = res.headers.get("extension-responses");
+  const json = (await res.json()) as { isValid?: boolean; success?: boolean; transaction?: Hex };
+  return { status: res.status, json, bazaar: header ? (JSON.parse(Buffer.from(header, "base64").toString("utf8")) as { bazaar: unknown }).bazaar : undefined };
+}
+
+/** A settled declaration, checked on chain: its transfer was mined and `payTo` received the amount. */
+async function settled(resource: Record<string, unknown>, opts: Parameters<typeof declare>[2] = {}) {
+  const to = opts.payTo ?? payTo();
+  const before = await balanceOf(rpcUrl(), usdcOf().address, to);
+  const answer = await declare("settle", resource, opts);
+  expect(answer.json.success, JSON.stringify(answer.json)).toBe(true);
+  expect(await receiptStatus(rpcUrl(), answer.json.transaction!)).toBe("success");
+  expect(await balanceOf(rpcUrl(), usdcOf().address, to)).toBe(before + 1000n);
+  return answer;
+}
+
+type EntryRow = { description: string | null; service_name: string | null; tags: string[] | null; icon_url: string | null; accepts: { payTo: string; amount: string }[]; accept_tenants: string[]; owner_pay_to: string; owner_tenant: string; last_updated: Date };
+/** A resource's catalog row as stored (undefined when it is not catalogued). */
+async function entryRow(resource: string, on: Database = db): Promise<EntryRow | undefined> {
+  const [row] = await on.query<EntryRow>("SELECT description, service_name, tags, icon_url, accepts, accept_tenants, owner_pay_to, owner_tenant, last_updated FROM discovery_resources WHERE resource = $1", [resource]);
+  return row;
+}
 
 describe("the discovery catalog (bazaar)", () => {
   it("a resource server declaring bazaar shows up after one paid request, filterable and searchable", async () => {
@@ -127,46 +187,93 @@ describe("the discovery catalog (bazaar)", () => {
   });
 
   it("hostile declarations: invalid service metadata is dropped field by field; an IP-literal or localhost resource is not catalogued", async () => {
-    const client = x402Client.fromConfig({ schemes: [{ network: "eip155:*", client: new ExactEvmClient(privateKeyToAccount(devnet.info.payers[1]!.privateKey)) }] });
-    const usdc = devnet.info.networks[0]!.assets.find((a) => a.transferMethods.includes("eip3009"))!;
-    const requirements = { scheme: "exact", network: "eip155:8453" as const, asset: usdc.address, amount: "1000", payTo: payTo(), maxTimeoutSeconds: 300, extra: { name: usdc.eip712!.name, version: usdc.eip712!.version } };
-    // A declaration as the resource server's extension sends it (enriched with the route's method).
-    const declared = declareDiscoveryExtension({ input: { q: "x" }, inputSchema: { properties: { q: { type: "string" } } } }).bazaar!;
-    const declaration = { bazaar: { ...declared, info: { ...declared.info, input: { ...declared.info.input, method: "GET" } } } };
-    /** A client's payment echoing whatever `resource` and `extensions` it likes, verified at the router (nothing is sent). */
-    const verify = async (resource: Record<string, unknown>, extensions: Record<string, unknown> = declaration) => {
-      const paymentRequired = { x402Version: 2, resource, accepts: [requirements], extensions } as unknown as PaymentRequired;
-      const paymentPayload = await client.createPaymentPayload(paymentRequired);
-      const res = await fetch(`${router.url}/verify`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ x402Version: 2, paymentPayload, paymentRequirements: requirements }) });
-      const header = res.headers.get("extension-responses");
-      return { valid: ((await res.json()) as { isValid: boolean }).isValid, bazaar: header ? (JSON.parse(Buffer.from(header, "base64").toString("utf8")) as { bazaar: unknown }).bazaar : undefined };
+    /** Settled, so that its declaration is catalogued (or refused). */
+    const settle = async (resource: Record<string, unknown>, extensions?: Record<string, unknown>) => {
+      const answer = await declare("settle", resource, { extensions });
+      return { settled: answer.json.success, bazaar: answer.bazaar };
     };
 
     const poisoned = `https://poisoned-${run}.example.com/api`;
-    const answer = await verify({
+    const answer = await settle({
       url: poisoned,
       description: "ok",
       serviceName: "x".repeat(40), // over 32 characters
       tags: ["fine", "bell\u0007", "fine", "a".repeat(33), "second"], // a control character, a duplicate, too long
       iconUrl: "http://localhost/icon.png", // loopback
     });
-    expect(answer).toEqual({ valid: true, bazaar: { status: "success" } });
+    expect(answer).toEqual({ settled: true, bazaar: { status: "success" } });
     const [entry] = (await bazaar().search({ query: `poisoned-${run}` })).resources;
     expect(entry).toMatchObject({ resource: poisoned, description: "ok", tags: ["fine", "second"] });
     expect(entry).not.toHaveProperty("serviceName");
     expect(entry).not.toHaveProperty("iconUrl");
 
     for (const url of [`http://127.0.0.1:8080/${run}`, `http://localhost/${run}`, `http://[::1]/${run}`, `http://2130706433/${run}`, `https://user:pw@creds-${run}.example.com/`]) {
-      const refused = await verify({ url });
-      expect(refused.valid, url).toBe(true); // the payment itself is fine; only its catalogue entry is refused
+      const refused = await settle({ url });
+      expect(refused.settled, url).toBe(true); // the payment itself settled; only its catalogue entry is refused
       expect(refused.bazaar, url).toMatchObject({ status: "rejected", rejectedReason: expect.stringContaining("resource.url") });
     }
     // info that breaks its own schema
-    const broken = { bazaar: { ...declaration.bazaar, info: { input: { type: "http", method: "GET", queryParams: { q: 42 } } } } };
-    expect((await verify({ url: `https://broken-${run}.example.com/x` }, broken)).bazaar).toMatchObject({ status: "rejected", rejectedReason: expect.stringContaining("schema") });
+    const broken = { bazaar: { ...(declaration().bazaar as object), info: { input: { type: "http", method: "GET", queryParams: { q: 42 } } } } };
+    expect((await settle({ url: `https://broken-${run}.example.com/x` }, broken)).bazaar).toMatchObject({ status: "rejected", rejectedReason: expect.stringContaining("schema") });
 
     const all = (await bazaar().listResources({ limit: 100 })).items.map((i) => i.resource);
     expect(all.filter((r) => r.includes(run) && !r.startsWith(`https://${host}`))).toEqual([poisoned]);
+  });
+
+  it("a declaration of another's resource URL: /verify writes nothing; settled, it only appends its own payment option after the owner's", async () => {
+    const resource = `https://owned-${run}.example.com/api`;
+    const owner = { url: resource, description: "The owner's API", serviceName: "Owner Co", tags: ["owned"], iconUrl: `https://owned-${run}.example.com/icon.png` };
+    expect((await settled(owner)).bazaar).toEqual({ status: "success" });
+    const before = (await entryRow(resource))!;
+    expect(before).toMatchObject({ description: "The owner's API", service_name: "Owner Co", tags: ["owned"], owner_pay_to: payTo().toLowerCase(), owner_tenant: "" });
+
+    const attacker = privateKeyToAccount(generatePrivateKey()).address;
+    const hostile = { url: resource, description: `Pay me instead ${run}`, serviceName: "Evil Co", tags: ["evil"], iconUrl: `https://evil-${run}.example.com/icon.png` };
+    // Only verified: a valid payment, nothing sent (the signers' pending nonces stay), nothing catalogued.
+    const network = devnet.info.networks[0]!;
+    const nonces = await Promise.all(network.signers.map((s) => nonceOf(rpcUrl(), s, "pending")));
+    const verified = await declare("verify", hostile, { payTo: attacker });
+    expect(verified.json.isValid).toBe(true);
+    expect(verified.bazaar).toBeUndefined();
+    const fresh = `https://verified-only-${run}.example.com/x`;
+    expect((await declare("verify", { url: fresh, description: "never paid" })).json.isValid).toBe(true);
+    expect(await Promise.all(network.signers.map((s) => nonceOf(rpcUrl(), s, "pending")))).toEqual(nonces);
+    expect(await entryRow(resource)).toEqual(before);
+    expect(await entryRow(fresh)).toBeUndefined();
+
+    // Settled (the attacker was paid on chain): its option is appended; the owner's text, freshness and first place stay.
+    expect((await settled(hostile, { payTo: attacker })).bazaar).toEqual({ status: "success" });
+    const after = (await entryRow(resource))!;
+    expect(after).toMatchObject({ description: before.description, service_name: before.service_name, tags: before.tags, icon_url: before.icon_url, owner_pay_to: before.owner_pay_to, last_updated: before.last_updated });
+    expect(after.accepts.map((a) => a.payTo)).toEqual([payTo(), attacker]);
+    expect(after.accepts[0]).toEqual(before.accepts[0]);
+    expect((await bazaar().search({ query: `pay me instead ${run}` })).resources).toEqual([]);
+
+    // The owner's next declaration updates its own text; its option stays first, the other's stays after it.
+    await settled({ ...owner, description: "The owner's API, second edition" });
+    const refreshed = (await entryRow(resource))!;
+    expect(refreshed.description).toBe("The owner's API, second edition");
+    expect(refreshed.accepts.map((a) => a.payTo)).toEqual([payTo(), attacker]);
+  });
+
+  it("with API keys, an entry is its tenant's: another tenant paid to the same payTo changes nothing of it", async () => {
+    const [a, b] = [await keys.create(`discovery-a-${run}`), await keys.create(`discovery-b-${run}`)];
+    keyIds.push(a.info.id, b.info.id);
+    const resource = `https://tenant-${run}.example.com/api`;
+    expect((await settled({ url: resource, description: "Tenant A's API", serviceName: "A Co" }, { key: a.key, via: keyedRouter })).bazaar).toEqual({ status: "success" });
+    const before = (await entryRow(resource))!;
+    expect(before).toMatchObject({ owner_tenant: a.info.id, owner_pay_to: payTo().toLowerCase(), accept_tenants: [a.info.id] });
+
+    // Same URL, same payTo, another tenant: paid on chain, refused by the catalog, the row untouched.
+    const sameOption = await settled({ url: resource, description: "Tenant B's takeover", serviceName: "B Co" }, { key: b.key, via: keyedRouter });
+    expect(sameOption.bazaar).toMatchObject({ status: "rejected", rejectedReason: expect.stringContaining("another declarer") });
+    expect(await entryRow(resource)).toEqual(before);
+    // Its own payee: appended after tenant A's option, under its own name.
+    const other = privateKeyToAccount(generatePrivateKey()).address;
+    expect((await settled({ url: resource, description: "Tenant B's takeover" }, { key: b.key, via: keyedRouter, payTo: other })).bazaar).toEqual({ status: "success" });
+    const after = (await entryRow(resource))!;
+    expect(after).toMatchObject({ description: "Tenant A's API", service_name: "A Co", last_updated: before.last_updated, accept_tenants: [a.info.id, b.info.id] });
+    expect(after.accepts.map((x) => x.payTo)).toEqual([payTo(), other]);
   });
 
   it("a resource nobody paid for in the retention period is pruned; fresh ones stay", async () => {
@@ -181,5 +288,58 @@ describe("the discovery catalog (bazaar)", () => {
     const left = (await db.query<{ resource: string }>("SELECT resource FROM discovery_resources WHERE resource LIKE $1", [`%${run}%`])).map((r) => r.resource);
     expect(left).not.toContain(stale);
     expect(left).toContain(`https://${host}/weather`); // paid minutes ago
+  });
+});
+
+describe.each(["postgres", "embedded"] as const)("catalog ownership on %s", (engine) => {
+  let store: Database;
+  beforeAll(async () => {
+    store = engine === "postgres" ? db : await openDatabase({ migrations: DISCOVERY_MIGRATIONS });
+  });
+  afterAll(async () => {
+    if (engine === "embedded") await store?.close();
+  });
+
+  const requirementsFor = (to: string, amount = "1000"): PaymentRequirements => ({ scheme: "exact", network: "eip155:8453", asset: "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913", amount, payTo: to, maxTimeoutSeconds: 300, extra: {} });
+  const paymentFor = (url: string, description: string, to: string) => ({ x402Version: 2, resource: { url, description }, accepted: requirementsFor(to), payload: {}, extensions: declaration() }) as unknown as PaymentPayload;
+  const addressOf = (i: number) => `0x${(i + 1).toString(16).padStart(40, "0")}`;
+
+  it("of concurrent first declarations exactly one owns the entry; the others' options follow, at most MAX_OTHER_ACCEPTS of them, the owner's fields untouched", async () => {
+    const catalog = createCatalog(store);
+    const resource = `https://race-${engine}-${run}.example.com/api`;
+    const declarers = Array.from({ length: 4 }, (_, i) => addressOf(i));
+    const outcomes = await Promise.all(declarers.map((to) => catalog.record(paymentFor(resource, `declared by ${to}`, to), requirementsFor(to))));
+    expect(outcomes.every((o) => o?.status === "success")).toBe(true);
+    const raced = (await entryRow(resource, store))!;
+    const owner = raced.owner_pay_to;
+    expect(declarers).toContain(owner);
+    expect(raced.description).toBe(`declared by ${owner}`);
+    expect(raced.accepts[0]!.payTo).toBe(owner);
+    expect(raced.accepts.map((a) => a.payTo).sort()).toEqual([...declarers].sort());
+
+    // A flood of other payees: bounded, and the owner's entry stays as it was.
+    const flood = Array.from({ length: MAX_OTHER_ACCEPTS + 4 }, (_, i) => addressOf(100 + i));
+    const floodOutcomes = [];
+    for (const to of flood) floodOutcomes.push(await catalog.record(paymentFor(resource, "flood", to), requirementsFor(to)));
+    expect(floodOutcomes.filter((o) => o?.status === "success")).toHaveLength(MAX_OTHER_ACCEPTS - (declarers.length - 1));
+    const flooded = (await entryRow(resource, store))!;
+    expect(flooded.accepts).toHaveLength(1 + MAX_OTHER_ACCEPTS);
+    expect(flooded.accepts.slice(0, raced.accepts.length)).toEqual(raced.accepts);
+    expect(flooded).toMatchObject({ description: raced.description, owner_pay_to: owner, last_updated: raced.last_updated });
+
+    // Another declarer refreshing its own option changes its amount only, in its place.
+    const second = raced.accepts[1]!.payTo;
+    expect(await catalog.record(paymentFor(resource, "again", second), requirementsFor(second, "2000"))).toEqual({ status: "success" });
+    const refreshed = (await entryRow(resource, store))!;
+    expect(refreshed.accepts[1]).toMatchObject({ payTo: second, amount: "2000" });
+    expect(refreshed.accepts.map((a) => a.payTo)).toEqual(flooded.accepts.map((a) => a.payTo));
+    expect(refreshed.description).toBe(raced.description);
+    // The owner still adds options of its own, ahead of everyone else's.
+    const ownerUsdt = { ...requirementsFor(owner), asset: "0xfde4C96c8593536E31F229EA8f37b2ADa2699bb2" };
+    expect(await catalog.record({ ...paymentFor(resource, "owner again", owner), accepted: ownerUsdt }, ownerUsdt)).toEqual({ status: "success" });
+    const grown = (await entryRow(resource, store))!;
+    expect(grown.accepts.slice(0, 2).map((a) => a.payTo)).toEqual([owner, owner]);
+    expect(grown.accepts.slice(2)).toEqual(refreshed.accepts.slice(1));
+    expect(grown.description).toBe("owner again");
   });
 });

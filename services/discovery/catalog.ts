@@ -1,6 +1,14 @@
 // The discovery catalog (the x402 `bazaar` extension): resources whose paid requests carried a
-// bazaar declaration, recorded when a payment was found valid or settled, and served by the router
-// at GET /v2/discovery/resources and /v2/discovery/search from the database its replicas share.
+// bazaar declaration, recorded once a payment was settled (a /verify moves nothing, so it proves
+// nothing), and served by the router at GET /v2/discovery/resources and /v2/discovery/search from
+// the database its replicas share.
+//
+// An entry belongs to its first declarer (the payTo that was paid, and the API key's tenant when
+// keys are on): only the owner's declarations change its description, name, tags, icon and
+// extensions, and the owner's payment options come first in `accepts`. Another declarer of the
+// same URL (a resource paid on two networks with two payees, or someone else's claim on it) gets
+// its own payment option appended after them, bounded per entry; it never reorders or overwrites
+// an option it does not own.
 //
 // Declarations come from untrusted clients (they echo the resource server's 402 body), so every
 // value passes the specification's rules before it is stored: `info` must match its own schema and
@@ -47,7 +55,21 @@ export const DISCOVERY_MIGRATIONS: Migration[] = [
     );
     CREATE INDEX IF NOT EXISTS discovery_resources_updated ON discovery_resources (last_updated DESC, resource, tool)`,
   },
+  {
+    // Who owns an entry and each of its payment options (accept_tenants runs parallel to accepts).
+    // Entries from before are credited to their first option's payee, without a tenant.
+    id: "discovery/002_declarers",
+    sql: `ALTER TABLE discovery_resources ADD COLUMN IF NOT EXISTS owner_pay_to text;
+    ALTER TABLE discovery_resources ADD COLUMN IF NOT EXISTS owner_tenant text NOT NULL DEFAULT '';
+    ALTER TABLE discovery_resources ADD COLUMN IF NOT EXISTS accept_tenants text[] NOT NULL DEFAULT '{}';
+    UPDATE discovery_resources SET owner_pay_to = lower(accepts->0->>'payTo'), accept_tenants = array_fill(''::text, ARRAY[jsonb_array_length(accepts)]) WHERE owner_pay_to IS NULL`,
+  },
 ];
+
+/** Who declared a resource: the payee that was paid, and the tenant (API key id) when keys are on. */
+export interface Declarer {
+  tenant?: string;
+}
 
 /** What the resource server is told about its declaration (the spec's EXTENSION-RESPONSES `bazaar` key). */
 export type CatalogOutcome = { status: "success" } | { status: "rejected"; rejectedReason: string };
@@ -68,8 +90,8 @@ export interface SearchParams extends Omit<ListParams, "offset"> {
 }
 
 export interface Catalog {
-  /** Records a paid request's declaration; undefined when the payment declared none. Never throws for bad input. */
-  record(payload: PaymentPayload, requirements: PaymentRequirements): Promise<CatalogOutcome | undefined>;
+  /** Records a settled payment's declaration for its declarer; undefined when the payment declared none. Never throws for bad input. */
+  record(payload: PaymentPayload, requirements: PaymentRequirements, declarer?: Declarer): Promise<CatalogOutcome | undefined>;
   list(params: ListParams): Promise<DiscoveryResourcesResponse>;
   search(params: SearchParams): Promise<SearchDiscoveryResourcesResponse>;
   /** Drops resources no payment has refreshed for `maxAgeMs` (a resource that is gone stops being listed); returns how many. */
@@ -81,7 +103,10 @@ export const DEFAULT_CATALOG_MAX_AGE_MS = 30 * 24 * 3_600_000;
 
 export const MAX_PAGE = 100;
 const MAX_CURSOR_OFFSET = 1_000_000;
+/** The owner's payment options per entry. */
 const MAX_ACCEPTS = 16;
+/** Other declarers' payment options per entry: a flood of claims on one URL stays this small. */
+export const MAX_OTHER_ACCEPTS = 8;
 const MAX_TEXT = 512;
 /** The echoed extensions of one resource, serialised; a bigger declaration is refused, not truncated. */
 const MAX_EXTENSIONS_BYTES = 16 * 1024;
@@ -156,9 +181,45 @@ function offsetOf(cursor: string | undefined): number {
   }
 }
 
+type EntryOwners = { accepts: PaymentRequirements[]; accept_tenants: string[]; owner_pay_to: string | null; owner_tenant: string };
+
+/** The accepts column and the filter columns derived from it. */
+function acceptColumns(accepts: PaymentRequirements[]): [string, string[], string[], string[]] {
+  return [JSON.stringify(accepts), [...new Set(accepts.map((a) => a.payTo.toLowerCase()))], [...new Set(accepts.map((a) => a.scheme))], [...new Set(accepts.map((a) => a.network))]];
+}
+
+/**
+ * Where a declarer's payment option goes in an entry's `accepts`: one option per (scheme, network,
+ * asset, payTo), refreshed in place by the tenant that listed it and by no one else; a new option of
+ * the owner's joins the owner's, which come first; anyone else's is appended. Nothing already
+ * listed moves or changes for another declarer.
+ */
+function placeAccept(entry: EntryOwners, accepted: PaymentRequirements, tenant: string, owner: boolean): { accepts: PaymentRequirements[]; tenants: string[] } | { refused: string } {
+  const accepts = [...entry.accepts];
+  const tenants = accepts.map((_, i) => entry.accept_tenants[i] ?? "");
+  const same = (a: PaymentRequirements) => a.scheme === accepted.scheme && a.network === accepted.network && a.asset.toLowerCase() === accepted.asset.toLowerCase() && a.payTo.toLowerCase() === accepted.payTo.toLowerCase();
+  const listed = accepts.findIndex(same);
+  if (listed >= 0) {
+    if (tenants[listed] !== tenant) return { refused: "this payment option is listed for this resource by another declarer" };
+    accepts[listed] = accepted;
+    return { accepts, tenants };
+  }
+  const ownersOf = accepts.map((a, i) => a.payTo.toLowerCase() === entry.owner_pay_to && tenants[i] === entry.owner_tenant);
+  const ownerCount = ownersOf.filter(Boolean).length;
+  if (owner) {
+    if (ownerCount >= MAX_ACCEPTS) return { refused: `this resource lists ${MAX_ACCEPTS} payment options of its declarer already` };
+    const at = ownersOf.lastIndexOf(true) + 1;
+    accepts.splice(at, 0, accepted);
+    tenants.splice(at, 0, tenant);
+    return { accepts, tenants };
+  }
+  if (accepts.length - ownerCount >= MAX_OTHER_ACCEPTS) return { refused: `this resource lists ${MAX_OTHER_ACCEPTS} payment options of other declarers already` };
+  return { accepts: [...accepts, accepted], tenants: [...tenants, tenant] };
+}
+
 export function createCatalog(db: Database): Catalog {
   return {
-    async record(payload, requirements) {
+    async record(payload, requirements, declarer = {}) {
       const declared = (payload.extensions as Record<string, unknown> | undefined)?.[BAZAAR.key];
       if (declared === undefined) return undefined;
       if (!declared || typeof declared !== "object") return { status: "rejected", rejectedReason: "the bazaar extension is not an object" };
@@ -194,37 +255,37 @@ export function createCatalog(db: Database): Catalog {
       const accepted: PaymentRequirements = { scheme, network, asset, amount, payTo, maxTimeoutSeconds, extra: extra ?? {} };
       const description = boundedText(http.description);
       const searchText = [http.resourceUrl, description, http.serviceName, ...(http.tags ?? []), tool].filter(Boolean).join(" ").toLowerCase();
-      // One payment option per (scheme, network, asset, payTo): a repeated payment refreshes its own entry.
-      const [existing] = await db.query<{ accepts: PaymentRequirements[] }>("SELECT accepts FROM discovery_resources WHERE resource = $1 AND tool = $2", [http.resourceUrl, tool]);
-      const same = (a: PaymentRequirements) => a.scheme === accepted.scheme && a.network === accepted.network && a.asset.toLowerCase() === accepted.asset.toLowerCase() && a.payTo.toLowerCase() === accepted.payTo.toLowerCase();
-      const accepts = [accepted, ...(existing?.accepts ?? []).filter((a) => !same(a))].slice(0, MAX_ACCEPTS);
-      await db.query(
-        `INSERT INTO discovery_resources (resource, tool, type, x402_version, accepts, pay_to, schemes, networks, extension_keys, description, mime_type, service_name, tags, icon_url, extensions, search_text, last_updated)
-         VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15::jsonb, $16, now())
-         ON CONFLICT (resource, tool) DO UPDATE SET type = EXCLUDED.type, x402_version = EXCLUDED.x402_version, accepts = EXCLUDED.accepts,
-           pay_to = EXCLUDED.pay_to, schemes = EXCLUDED.schemes, networks = EXCLUDED.networks, extension_keys = EXCLUDED.extension_keys,
-           description = EXCLUDED.description, mime_type = EXCLUDED.mime_type, service_name = EXCLUDED.service_name, tags = EXCLUDED.tags,
-           icon_url = EXCLUDED.icon_url, extensions = EXCLUDED.extensions, search_text = EXCLUDED.search_text, last_updated = now()`,
-        [
-          http.resourceUrl,
-          tool,
-          type,
-          payload.x402Version,
-          JSON.stringify(accepts),
-          [...new Set(accepts.map((a) => a.payTo.toLowerCase()))],
-          [...new Set(accepts.map((a) => a.scheme))],
-          [...new Set(accepts.map((a) => a.network))],
-          Object.keys(extensions),
-          description ?? null,
-          boundedText(http.mimeType) ?? null,
-          http.serviceName ?? null,
-          http.tags ?? [],
-          http.iconUrl ?? null,
-          JSON.stringify(extensions),
-          searchText,
-        ],
-      );
-      return { status: "success" };
+      const tenant = declarer.tenant ?? "";
+      const fields = [type, payload.x402Version, Object.keys(extensions), description ?? null, boundedText(http.mimeType) ?? null, http.serviceName ?? null, http.tags ?? [], http.iconUrl ?? null, JSON.stringify(extensions), searchText];
+      return db.transaction(async (tx) => {
+        // The first settled declaration creates the entry and owns it; of concurrent first ones, one insert wins.
+        const created = await tx.query(
+          `INSERT INTO discovery_resources (resource, tool, type, x402_version, extension_keys, description, mime_type, service_name, tags, icon_url, extensions, search_text,
+             accepts, pay_to, schemes, networks, accept_tenants, owner_pay_to, owner_tenant, last_updated)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, $12, $13::jsonb, $14, $15, $16, $17, $18, $19, now())
+           ON CONFLICT (resource, tool) DO NOTHING RETURNING resource`,
+          [http.resourceUrl, tool, ...fields, ...acceptColumns([accepted]), [tenant], accepted.payTo.toLowerCase(), tenant],
+        );
+        if (created.length) return { status: "success" } as const;
+        const [entry] = await tx.query<EntryOwners>("SELECT accepts, accept_tenants, owner_pay_to, owner_tenant FROM discovery_resources WHERE resource = $1 AND tool = $2 FOR UPDATE", [http.resourceUrl, tool]);
+        if (!entry) return { status: "rejected", rejectedReason: "the entry was pruned meanwhile; the next payment retries" } as const;
+        const owner = entry.owner_pay_to === accepted.payTo.toLowerCase() && entry.owner_tenant === tenant;
+        const placed = placeAccept(entry, accepted, tenant, owner);
+        if ("refused" in placed) return { status: "rejected", rejectedReason: placed.refused } as const;
+        const options = [...acceptColumns(placed.accepts), placed.tenants];
+        if (owner) {
+          await tx.query(
+            `UPDATE discovery_resources SET type = $3, x402_version = $4, extension_keys = $5, description = $6, mime_type = $7, service_name = $8, tags = $9, icon_url = $10,
+               extensions = $11::jsonb, search_text = $12, accepts = $13::jsonb, pay_to = $14, schemes = $15, networks = $16, accept_tenants = $17, last_updated = now()
+             WHERE resource = $1 AND tool = $2`,
+            [http.resourceUrl, tool, ...fields, ...options],
+          );
+        } else {
+          // Someone else's declaration: its payment option only, never the owner's text or freshness.
+          await tx.query("UPDATE discovery_resources SET accepts = $3::jsonb, pay_to = $4, schemes = $5, networks = $6, accept_tenants = $7 WHERE resource = $1 AND tool = $2", [http.resourceUrl, tool, ...options]);
+        }
+        return { status: "success" } as const;
+      });
     },
 
     async list(params) {

@@ -1,10 +1,11 @@
-// The router's side of the discovery catalog: records the bazaar declarations of paid requests
-// (once per distinct declaration per minute and replica, so a busy resource costs the database
-// little), tells the resource server the outcome in EXTENSION-RESPONSES, and answers
-// /v2/discovery/* from a short per-query cache in front of the shared store.
+// The router's side of the discovery catalog: records the bazaar declarations of settled payments
+// for their declarer (once per distinct declaration and declarer per minute and replica, so a busy
+// resource costs the database little), tells the resource server the outcome in
+// EXTENSION-RESPONSES, and answers /v2/discovery/* from a short per-query cache in front of the
+// shared store.
 import { createHash } from "node:crypto";
 import type { PaymentPayload, PaymentRequirements } from "@x402/core/types";
-import { MAX_PAGE, type Catalog, type CatalogOutcome, type ListParams } from "../discovery/catalog.ts";
+import { MAX_PAGE, type Catalog, type CatalogOutcome, type Declarer, type ListParams } from "../discovery/catalog.ts";
 import type { HandlerResult } from "../platform/http.ts";
 import type { Logger } from "../platform/logger.ts";
 import { RequestError } from "../x402/errors.ts";
@@ -16,8 +17,8 @@ const MAX_OFFSET = 1_000_000;
 const FILTERS = ["type", "payTo", "scheme", "network", "extensions"] as const;
 
 export interface RouterDiscovery {
-  /** After a valid verify or a successful settle: the EXTENSION-RESPONSES header, when the payment declared bazaar. */
-  afterPayment(body: unknown): Promise<Record<string, string> | undefined>;
+  /** After a settle that sent its transaction: the EXTENSION-RESPONSES header, when the payment declared bazaar. */
+  afterSettlement(body: unknown, declarer: Declarer): Promise<Record<string, string> | undefined>;
   resources(query: Record<string, unknown>): Promise<HandlerResult>;
   search(query: Record<string, unknown>): Promise<HandlerResult>;
 }
@@ -67,16 +68,16 @@ export function createRouterDiscovery(catalog: Catalog, logger: Logger): RouterD
   }
 
   return {
-    async afterPayment(body) {
+    async afterSettlement(body, declarer) {
       const { paymentPayload, paymentRequirements } = body as { paymentPayload: PaymentPayload; paymentRequirements: PaymentRequirements };
       const key = createHash("sha256")
-        .update(JSON.stringify([paymentPayload.resource, paymentPayload.extensions?.bazaar, paymentRequirements.scheme, paymentRequirements.network, paymentRequirements.asset, paymentRequirements.payTo, paymentRequirements.amount]))
+        .update(JSON.stringify([declarer.tenant ?? "", paymentPayload.resource, paymentPayload.extensions?.bazaar, paymentRequirements.scheme, paymentRequirements.network, paymentRequirements.asset, paymentRequirements.payTo, paymentRequirements.amount]))
         .digest("base64url");
       const hit = recorded.get(key);
       let outcome = hit && Date.now() - hit.at < RECORD_EVERY_MS ? hit.outcome : undefined;
       if (!outcome) {
         try {
-          outcome = await catalog.record(paymentPayload, paymentRequirements);
+          outcome = await catalog.record(paymentPayload, paymentRequirements, declarer);
           if (!outcome) return undefined;
           if (recorded.size >= MAX_CACHED) recorded.clear();
           recorded.set(key, { at: Date.now(), outcome });

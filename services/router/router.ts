@@ -20,7 +20,7 @@ export interface RouterOptions {
   metrics: Metrics;
   /** When set, /verify and /settle need a valid API key in scope (services/tenants/api-keys.ts). */
   apiKeys?: ApiKeyStore;
-  /** When set, paid requests' bazaar declarations are catalogued and /v2/discovery/* is served. */
+  /** When set, settled payments' bazaar declarations are catalogued and /v2/discovery/* is served. */
   discovery?: RouterDiscovery;
   verifyTimeoutMs?: number;
   settleTimeoutMs?: number;
@@ -180,7 +180,8 @@ export function createRouter(opts: RouterOptions): Router {
         await recordUsage(key, action, network, body, res.statusCode === 200 ? text : undefined, charged);
         usageRecorded = true;
       }
-      const extra = opts.discovery && res.statusCode === 200 && declaresBazaar(body) && paid(action, text) ? await opts.discovery.afterPayment(body) : undefined;
+      // Only a payment that was settled declares a resource (a verify moves nothing), and for its tenant.
+      const extra = opts.discovery && action === "settle" && res.statusCode === 200 && declaresBazaar(body) && sentTransaction(text) ? await opts.discovery.afterSettlement(body, { tenant: key?.id }) : undefined;
       const answerHeaders: Record<string, string> = extra ? { ...extra, "server-timing": upstream } : { "server-timing": upstream };
       // A facilitator shedding load says when to come back: the caller hears it too.
       const retryAfter = res.statusCode === 503 ? res.headers["retry-after"] : undefined;
@@ -222,6 +223,16 @@ export function createRouter(opts: RouterOptions): Router {
     try {
       const parsed = JSON.parse(answer) as { isValid?: unknown; success?: unknown };
       return action === "verify" ? parsed.isValid === true : parsed.success === true;
+    } catch {
+      return false;
+    }
+  }
+
+  /** Whether a settle answer says the payment is on chain: success with its transaction's hash. */
+  function sentTransaction(answer: string): boolean {
+    try {
+      const parsed = JSON.parse(answer) as { success?: unknown; transaction?: unknown };
+      return parsed.success === true && typeof parsed.transaction === "string" && /^0x[0-9a-fA-F]{64}$/.test(parsed.transaction);
     } catch {
       return false;
     }
