@@ -4,6 +4,8 @@
 // funds exactly what the approval may cost, relays it and settles. A payer who spends the funding
 // on something else gets no payment through and is never funded again; approvals that could cost
 // more than the bound, or that would not lead to a settlement, are refused before anything is sent.
+// One approval is funded once, however many payments carry it and on however many replicas; a payer
+// that holds the allowance is not funded; a payer's fundings per day are bounded by default.
 import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { writeFile } from "node:fs/promises";
@@ -19,7 +21,7 @@ import { UptoEvmScheme as UptoEvmClient } from "@x402/evm/upto/client";
 import { PERMIT2_ADDRESS, toClientEvmSigner } from "@x402/evm";
 import { declareErc20ApprovalGasSponsoringExtension } from "@x402/extensions";
 import { decodePaymentResponseHeader, wrapFetchWithPayment, x402Client } from "@x402/fetch";
-import { createPublicClient, createTestClient, createWalletClient, encodeFunctionData, erc20Abi, http, maxUint256, parseTransaction, type Address, type Hex } from "viem";
+import { createPublicClient, createTestClient, createWalletClient, encodeFunctionData, erc20Abi, http, keccak256, maxUint256, parseTransaction, type Address, type Hex } from "viem";
 import { generatePrivateKey, privateKeyToAccount, type PrivateKeyAccount } from "viem/accounts";
 import { pino } from "pino";
 import type { RunningDevnet } from "../services/devnet/devnet.ts";
@@ -27,8 +29,13 @@ import { facilitatorConfigFromEnv, resolveFacilitatorConfig } from "../services/
 import { startFacilitatorService, type RunningFacilitator } from "../services/facilitator/service.ts";
 import type { RoutingTable } from "../services/router/routing-table.ts";
 import { startRouterService, type RunningRouter } from "../services/router/service.ts";
+import { openDatabase, type Database } from "../services/platform/storage.ts";
+import { SETTLEMENT_MIGRATIONS } from "../services/facilitator/settlement/store.ts";
 import { startTestDevnet } from "./helpers/devnet.ts";
 import { postJson } from "./helpers/payments.ts";
+import { DATABASE_URL, ENGINES } from "./helpers/settlement-rig.ts";
+import { startRpcFaultProxy, type RpcFaultProxy } from "./helpers/rpc-fault-proxy.ts";
+import { until } from "./helpers/wait.ts";
 
 const NETWORK = "eip155:56" as const;
 let devnet: RunningDevnet & { dir: string };
@@ -240,7 +247,8 @@ describe("erc20ApprovalGasSponsoring within the bound the operator configured", 
       // what the devnet sets for its own facilitators (its tokens, a block per transaction)
       { network: NETWORK, rpcUrls: [net().facilitatorRpcUrl], signerKeys: [key], assets: net().assets, confirmations: 1, host: "127.0.0.1", port: 0, dataDir: join(devnet.dir, "bounded-facilitator") },
     );
-    expect(config.approvalSponsoring).toEqual({ maxApprovalGas: MAX_APPROVAL_GAS, maxFundingWei, dailyFundingWei: undefined });
+    // No daily bounds configured: the defaults, in fundings at the per-payer bound (finite, per network and per payer).
+    expect(config.approvalSponsoring).toEqual({ maxApprovalGas: MAX_APPROVAL_GAS, maxFundingWei, dailyFunding: { fundings: 100n }, payerDailyFunding: { fundings: 3n } });
     expect(config.maxFeePerGasWei).toBe(maxFeePerGasWei);
     facilitator = await startFacilitatorService(config, pino({ level: "silent" }));
     // Our router in front of it, as in production.
@@ -312,5 +320,139 @@ describe("erc20ApprovalGasSponsoring within the bound the operator configured", 
       expect([reason, settled.json]).toEqual([reason, expect.objectContaining({ success: false, errorReason: reason, transaction: "" })]);
     }
     expect(await onChain(payer.address, signer)).toEqual(before); // no funding, no approval, no settlement
+  });
+});
+
+// ------------------------------------------------------------------ one funding per approval nonce
+
+describe.each(ENGINES)("erc20ApprovalGasSponsoring funds an approval once (%s store)", (engine) => {
+  // The payer's wallet offers 0.5 gwei per gas; the reference client's approval takes 70,000 gas at most.
+  const APPROVAL_FEE = 500_000_000n;
+  const FUNDING = 70_000n * APPROVAL_FEE;
+  const fixedFee = (payer: PrivateKeyAccount, change: Record<string, unknown> = {}) => (info: Record<string, unknown>) => resigned(payer, info, { maxFeePerGas: APPROVAL_FEE, maxPriorityFeePerGas: APPROVAL_FEE, ...change });
+  const approvalOf = (body: Awaited<ReturnType<typeof sponsoredBody>>) => (body.paymentPayload.extensions as Record<string, { info: { signedTransaction: Hex } }>).erc20ApprovalGasSponsoring!.info;
+  let signer: Address;
+  let proxy: RpcFaultProxy;
+  let db: Database;
+  const facilitators: RunningFacilitator[] = [];
+
+  const pendingNonce = (address: Address) => chain().getTransactionCount({ address, blockTag: "pending" });
+  const fundingRows = (payer: Address) =>
+    db.query<{ approval_nonce: string; funded_wei: string; state: string }>(`SELECT approval_nonce::text, funded_wei::text, state FROM settlement_gas_fundings WHERE network = $1 AND payer = $2 ORDER BY approval_nonce`, [NETWORK, payer]);
+
+  beforeAll(async () => {
+    const key = generatePrivateKey();
+    signer = privateKeyToAccount(key).address;
+    await createTestClient({ mode: "anvil", transport: http(net().rpcUrl) }).setBalance({ address: signer, value: 10n ** 19n });
+    // Counts the facilitators' reads of the chain (nothing is faulted).
+    proxy = await startRpcFaultProxy({ upstream: net().rpcUrl });
+    // Two replicas on one PostgreSQL; the embedded engine has one writer.
+    const dataDir = join(devnet.dir, `once-${engine}`);
+    db = await openDatabase(engine === "postgres" ? { url: DATABASE_URL, migrations: SETTLEMENT_MIGRATIONS } : { dataDir, migrations: SETTLEMENT_MIGRATIONS });
+    for (let i = 0; i < (engine === "postgres" ? 2 : 1); i++) {
+      const config = resolveFacilitatorConfig(
+        facilitatorConfigFromEnv({
+          X402_ERC20_APPROVAL_SPONSORING: "on",
+          // One payer's funding at most what the client's approval costs: the default daily bound of a payer is three of them.
+          X402_ERC20_APPROVAL_MAX_FUNDING_WEI: FUNDING.toString(),
+          // A shared PostgreSQL holds other runs' fundings of this network today: the network's bound is not under test.
+          X402_ERC20_APPROVAL_DAILY_FUNDING_WEI: (10n ** 24n).toString(),
+          X402_MAX_FEE_PER_GAS_WEI: "3000000000",
+          X402_SCHEMES: "exact",
+          X402_BALANCE_REFRESH_MS: "3600000", // no background balance reads among the counted ones
+        }),
+        { network: NETWORK, rpcUrls: [proxy.url], signerKeys: [key], assets: net().assets, confirmations: 1, host: "127.0.0.1", port: 0, ...(engine === "postgres" ? { databaseUrl: DATABASE_URL } : {}) },
+      );
+      facilitators.push(await startFacilitatorService(config, pino({ level: "silent" }), engine === "embedded" ? { db } : {}));
+    }
+  });
+
+  afterAll(async () => {
+    await Promise.all(facilitators.map((f) => f.close()));
+    await db?.close();
+    await proxy?.close();
+  });
+
+  it("four payments carrying one approval, settled together on every replica while the funding is unmined: funded once, four settlements", async () => {
+    const payer = await gaslessPayer();
+    const before = { ...(await onChain(payer.address, signer)), signerPending: await pendingNonce(signer) };
+    const bodies = await Promise.all([0, 1, 2, 3].map(() => sponsoredBody(payer, fixedFee(payer))));
+    const approval = approvalOf(bodies[0]!).signedTransaction;
+    for (const b of bodies) approvalOf(b).signedTransaction = approval; // the same signed approval, four Permit2 nonces
+    const test = createTestClient({ mode: "anvil", transport: http(net().rpcUrl) });
+    const balanceReads = () => proxy.calls.eth_getBalance ?? 0;
+    const readsBefore = balanceReads();
+    await test.setAutomine(false);
+    let answers: Awaited<ReturnType<typeof postJson>>[];
+    try {
+      const settling = Promise.all(bodies.map((b, i) => postJson(`${facilitators[i % facilitators.length]!.url}/settle`, b)));
+      // Every payment reads the payer's balance (once, when it plans its funding) before any funding is
+      // mined: each sees none, and a funding sent meanwhile waits in the pool.
+      await until(() => (balanceReads() >= readsBefore + 4 ? true : undefined), "every payment's balance read");
+      await test.setAutomine(true);
+      await test.mine({ blocks: 1 });
+      answers = await settling;
+    } finally {
+      await test.setAutomine(true);
+    }
+    const after = await onChain(payer.address, signer);
+    const approved = await chain().getTransactionReceipt({ hash: keccak256(approval) });
+    expect(after.payerGas).toBe(FUNDING - approved.gasUsed * approved.effectiveGasPrice); // funded once: it kept only the rest of one funding
+    expect(await pendingNonce(signer)).toBe(before.signerPending + 5); // one funding, four settlements
+    expect(after.payToUsdt).toBe(before.payToUsdt + 4n * AMOUNT);
+    for (const a of answers) expect(a.json).toMatchObject({ success: true });
+    expect(await fundingRows(payer.address)).toEqual([{ approval_nonce: "0", funded_wei: FUNDING.toString(), state: "approved" }]);
+  });
+
+  it("a payer that holds the Permit2 allowance is neither funded nor has its approval relayed", async () => {
+    const payer = await gaslessPayer();
+    // Signed while it lacks the allowance (the reference client adds no approval once it holds one).
+    const body = await sponsoredBody(payer, fixedFee(payer));
+    const test = createTestClient({ mode: "anvil", transport: http(net().rpcUrl) });
+    await test.setBalance({ address: payer.address, value: 10n ** 16n });
+    const own = createWalletClient({ account: payer, transport: http(net().rpcUrl) });
+    await chain().waitForTransactionReceipt({ hash: await own.writeContract({ chain: null, address: usdt(), abi: erc20Abi, functionName: "approve", args: [PERMIT2_ADDRESS, maxUint256] }) });
+    await test.setBalance({ address: payer.address, value: 0n });
+    await resigned(payer, approvalOf(body), { nonce: 1 }); // the payer's next nonce: a valid approval it does not need
+    const before = { ...(await onChain(payer.address, signer)), signerPending: await pendingNonce(signer), payerPending: await pendingNonce(payer.address) };
+    expect((await postJson(`${facilitators[0]!.url}/verify`, body)).json).toMatchObject({ isValid: true });
+    const answer = (await postJson(`${facilitators.at(-1)!.url}/settle`, body)).json;
+    const after = await onChain(payer.address, signer);
+    expect(after.payerGas).toBe(0n); // not funded
+    expect(await pendingNonce(payer.address)).toBe(before.payerPending); // its approval not relayed
+    expect(await pendingNonce(signer)).toBe(before.signerPending + 1); // the settlement only
+    expect(after.payToUsdt).toBe(before.payToUsdt + AMOUNT);
+    expect(answer).toMatchObject({ success: true });
+    expect(await fundingRows(payer.address)).toEqual([]);
+  });
+
+  it("a payer's fundings stop at the default daily bound (three fundings' worth), with nothing sent past it", async () => {
+    const payer = await gaslessPayer();
+    // Each approval allows the payment's amount only: the next payment needs a new approval, and gas for it.
+    const exactApproval = encodeFunctionData({ abi: erc20Abi, functionName: "approve", args: [PERMIT2_ADDRESS, AMOUNT] });
+    let refused: Record<string, unknown> | undefined;
+    const approvals: Hex[] = [];
+    for (let i = 0; i < 8 && !refused; i++) {
+      const body = await sponsoredBody(payer, fixedFee(payer, { data: exactApproval }));
+      const nonces = { signer: await pendingNonce(signer), payer: await pendingNonce(payer.address) };
+      const answer = (await postJson(`${facilitators[i % facilitators.length]!.url}/settle`, body)).json;
+      if (answer.success) {
+        approvals.push(keccak256(approvalOf(body).signedTransaction));
+        continue;
+      }
+      refused = answer;
+      expect({ signer: await pendingNonce(signer), payer: await pendingNonce(payer.address) }).toEqual(nonces); // nothing funded, relayed or settled
+    }
+    expect(refused).toMatchObject({ success: false, errorReason: "erc20_approval_daily_bound_reached" });
+    const funded = (await fundingRows(payer.address)).reduce((sum, r) => sum + BigInt(r.funded_wei), 0n);
+    expect(funded).toBeGreaterThan(0n);
+    expect(funded).toBeLessThanOrEqual(3n * FUNDING);
+    // What the payer received on chain is what the rows say: its balance plus the gas its approvals burnt.
+    let burnt = 0n;
+    for (const hash of approvals) {
+      const r = await chain().getTransactionReceipt({ hash });
+      burnt += r.gasUsed * r.effectiveGasPrice;
+    }
+    expect((await chain().getBalance({ address: payer.address })) + burnt).toBe(funded);
   });
 });

@@ -117,3 +117,26 @@ export function stopChild(child: ChildProcess, graceMs = 3000): Promise<void> {
     child.kill("SIGTERM");
   });
 }
+
+/**
+ * Keeps an on-demand chain's head recent: a real chain's newest block is seconds old, but anvil
+ * mining one block per transaction leaves an idle devnet's head minutes behind the clock, and every
+ * simulation runs at the head's timestamp, so a payment signed as valid from a minute ago looks
+ * "not yet valid" (answered 503: the provider is behind). Mines one empty block when the head is
+ * older than maxAgeMs and anvil is automining (never while a test has paused mining).
+ */
+export function keepHeadFresh(rpcUrl: string, maxAgeMs = 30_000): () => void {
+  const call = async (method: string, params: unknown[] = []) => {
+    const res = await fetch(rpcUrl, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ jsonrpc: "2.0", id: 1, method, params }), signal: AbortSignal.timeout(5000) });
+    return ((await res.json()) as { result?: unknown }).result;
+  };
+  const timer = setInterval(() => {
+    void (async () => {
+      if ((await call("anvil_getAutomine")) !== true) return;
+      const head = (await call("eth_getBlockByNumber", ["latest", false])) as { timestamp?: string } | undefined;
+      if (head?.timestamp && Date.now() - Number(BigInt(head.timestamp)) * 1000 > maxAgeMs) await call("evm_mine");
+    })().catch(() => undefined); // the node stopping, or busy: the next tick tries again
+  }, Math.max(1000, maxAgeMs / 3));
+  timer.unref();
+  return () => clearInterval(timer);
+}

@@ -15,7 +15,7 @@ import { startHubService, type RunningHub } from "../hub/service.ts";
 import type { RunningWallets } from "../wallets/service.ts";
 import { startDevnetWallets } from "./wallets.ts";
 import type { RoutingTable } from "../router/routing-table.ts";
-import { startAnvil, type AnvilNode } from "./anvil.ts";
+import { keepHeadFresh, startAnvil, type AnvilNode } from "./anvil.ts";
 import { SMART_WALLET_FACTORY_ADDRESS, setupDevnetChain, smartWalletsOf, type SmartWallets } from "./chain-setup.ts";
 import { devnetAssets } from "./devnet-assets.ts";
 import { startFeeFloorProxy, type FeeFloorProxy } from "./fee-floor-proxy.ts";
@@ -46,6 +46,8 @@ export interface DevnetOptions {
    * Base fees and minimum tips are each chain's either way.
    */
   blockTimes?: boolean;
+  /** Without blockTimes: mine an empty block when a chain's head is older than 30 s (anvil.ts keepHeadFresh); default true. */
+  freshHead?: boolean;
 }
 
 /** Starting base fees of the devnet chains where anvil's default (1 gwei) is not the chain's: BSC has none, Arbitrum's floor is 0.01 gwei. */
@@ -119,6 +121,7 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
   const receivers = [key(3)];
 
   const anvils: AnvilNode[] = [];
+  const keepers: (() => void)[] = [];
   const proxies: Partial<Record<Caip2, FeeFloorProxy>> = {};
   let db: Database | undefined;
   const facilitators: RunningFacilitator[] = [];
@@ -131,6 +134,7 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
     await router?.close().catch(() => undefined);
     await Promise.all(facilitators.map((f) => f.close().catch(() => undefined)));
     await Promise.all(Object.values(proxies).map((p) => p?.close()));
+    for (const stopKeeping of keepers) stopKeeping();
     await Promise.all(anvils.map((a) => a.stop()));
     await db?.close().catch(() => undefined);
   };
@@ -149,6 +153,7 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
         const policy = resolveNetworkPolicy(net.network);
         const anvil = await startAnvil({ chainId: net.chainId, baseFeePerGas: DEVNET_BASE_FEE[net.network], blockTime: opts.blockTimes ? policy.blockTimeMs / 1000 : undefined });
         anvils.push(anvil);
+        if (!opts.blockTimes && opts.freshHead !== false) keepers.push(keepHeadFresh(anvil.rpcUrl));
         const proxy = policy.minPriorityFeePerGasWei > 0n ? await startFeeFloorProxy({ upstream: anvil.rpcUrl, minPriorityFeePerGasWei: policy.minPriorityFeePerGasWei, host }) : undefined;
         if (proxy) proxies[net.network] = proxy;
         const confirmations = opts.blockTimes ? policy.confirmations : 1;

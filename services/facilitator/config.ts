@@ -79,10 +79,21 @@ export interface FacilitatorConfig {
   /**
    * The erc20ApprovalGasSponsoring extension (approval-sponsor.ts), off unless set: the most gas a
    * payer's approval may take, the most one payer is funded with (default: that gas x the fee
-   * cap) and the most the network's fundings may total per UTC day (default: no bound).
+   * cap), and the most the network's fundings, and one payer's, may total per UTC day (default:
+   * DEFAULT_DAILY_FUNDINGS fundings at that bound).
    */
-  approvalSponsoring?: { maxApprovalGas: bigint; maxFundingWei?: bigint; dailyFundingWei?: bigint };
+  approvalSponsoring?: { maxApprovalGas: bigint; maxFundingWei?: bigint; dailyFunding: FundingBound; payerDailyFunding: FundingBound };
 }
+
+/** A daily funding bound: wei, or a number of fundings at the per-payer bound (which follows the fee cap, so it is read when used). */
+export type FundingBound = { wei: bigint } | { fundings: bigint };
+
+/**
+ * Daily funding bounds when none is configured. A payer needs one approval per token; a few cover
+ * wallets that approve exact amounts. A hostile payer that lets its approvals land still gets a
+ * few fundings a day, and the network's signers lose at most 100 fundings a day to all of them.
+ */
+export const DEFAULT_DAILY_FUNDINGS = { network: 100n, payer: 3n } as const;
 
 const keyPattern = /^0x[0-9a-fA-F]{64}$/;
 
@@ -112,6 +123,7 @@ const fileSchema = z
     erc20ApprovalMaxGas: z.number().int().min(21_000).max(1_000_000),
     erc20ApprovalMaxFundingWei: z.string().regex(/^[0-9]{1,78}$/, "expected wei as a decimal integer"),
     erc20ApprovalDailyFundingWei: z.string().regex(/^[0-9]{1,78}$/, "expected wei as a decimal integer"),
+    erc20ApprovalPayerDailyFundingWei: z.string().regex(/^[0-9]{1,78}$/, "expected wei as a decimal integer"),
     routerTokenFile: z.string(),
     allowedAssets: z.array(z.string().regex(/^0x[0-9a-fA-F]{40}$/, "expected a 0x-prefixed 20-byte hex address")),
     schemes: z.array(z.enum(SCHEMES)).min(1),
@@ -194,6 +206,7 @@ export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorCon
     erc20ApprovalMaxGas: num("X402_ERC20_APPROVAL_MAX_GAS"),
     erc20ApprovalMaxFundingWei: env.X402_ERC20_APPROVAL_MAX_FUNDING_WEI || undefined,
     erc20ApprovalDailyFundingWei: env.X402_ERC20_APPROVAL_DAILY_FUNDING_WEI || undefined,
+    erc20ApprovalPayerDailyFundingWei: env.X402_ERC20_APPROVAL_PAYER_DAILY_FUNDING_WEI || undefined,
     allowedAssets: list(env.X402_ASSETS),
     routerTokenFile: env.X402_ROUTER_TOKEN_FILE || undefined,
     schemes: list(env.X402_SCHEMES) as Scheme[] | undefined,
@@ -301,7 +314,8 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
         ? {
             maxApprovalGas: BigInt(c.erc20ApprovalMaxGas ?? 100_000),
             maxFundingWei: c.erc20ApprovalMaxFundingWei !== undefined ? BigInt(c.erc20ApprovalMaxFundingWei) : undefined,
-            dailyFundingWei: c.erc20ApprovalDailyFundingWei !== undefined ? BigInt(c.erc20ApprovalDailyFundingWei) : undefined,
+            dailyFunding: c.erc20ApprovalDailyFundingWei !== undefined ? { wei: BigInt(c.erc20ApprovalDailyFundingWei) } : { fundings: DEFAULT_DAILY_FUNDINGS.network },
+            payerDailyFunding: c.erc20ApprovalPayerDailyFundingWei !== undefined ? { wei: BigInt(c.erc20ApprovalPayerDailyFundingWei) } : { fundings: DEFAULT_DAILY_FUNDINGS.payer },
           }
         : undefined,
     routerTokenFile: c.routerTokenFile,

@@ -5,8 +5,13 @@
 // so the steps run in order and each one is bounded:
 // - nothing is sent before the approval's fields, chain, nonce, fees and gas limit are checked and
 //   the whole sequence (funding, approval, settlement) is simulated with eth_simulateV1;
+// - a payer that holds the Permit2 allowance already is neither funded nor relayed: the settlement
+//   alone is sent;
 // - the funding is the approval's worst cost (gas limit x fee) minus what the payer holds, at most
-//   `maxFundingWei`, recorded before it is sent, under a per-network daily bound;
+//   `maxFundingWei`, recorded before it is sent, under daily bounds per network and per payer;
+// - one funding per (payer, approval nonce), a unique key in the store: every other payment that
+//   carries the approval, on any replica, waits for that funding's receipt and never sends another
+//   (a funding not yet mined counts as the payer's balance);
 // - a payer whose funded approval did not land (the gas was spent on something else, the nonce
 //   taken) is never funded again: the loss to a hostile payer is one funding, once;
 // - the settlement is simulated again (estimateGas) after the approval landed, before it is signed.
@@ -16,7 +21,8 @@ import { decodeFunctionData, erc20Abi, getAddress, isAddressEqual, keccak256, pa
 import { simulateBlocks } from "viem/actions";
 import { extractErc20ApprovalGasSponsoringInfo, validateErc20ApprovalGasSponsoringInfo, type Erc20ApprovalGasSponsoringSigner, type TransactionRequest } from "@x402/extensions";
 import type { PaymentPayload, PaymentRequirements } from "@x402/core/types";
-import { PERMIT2_ADDRESS } from "@x402/evm";
+import { PERMIT2_ADDRESS, x402ExactPermit2ProxyABI, x402UptoPermit2ProxyABI } from "@x402/evm";
+import type { FundingBound } from "../config.ts";
 import type { Logger } from "../../platform/logger.ts";
 import type { Metrics } from "../../platform/metrics.ts";
 import { noteRpcFailure, type ChainClient } from "../chain.ts";
@@ -24,7 +30,7 @@ import { classifySendError } from "./broadcast-errors.ts";
 import { settlementContext } from "./context.ts";
 import type { OutboxSigner } from "./outbox-signer.ts";
 import { sleep } from "./receipts.ts";
-import type { SettlementStore } from "./store.ts";
+import type { GasFunding, SettlementStore } from "./store.ts";
 
 export interface ApprovalSponsorOptions {
   signer: OutboxSigner;
@@ -38,7 +44,9 @@ export interface ApprovalSponsorOptions {
   /** The most one payer is funded with; default: maxApprovalGas x the current fee cap. */
   maxFundingWei?: bigint;
   /** The most the network's fundings may total per UTC day (every replica together). */
-  dailyFundingWei?: bigint;
+  dailyFunding: FundingBound;
+  /** The most one payer's fundings may total per UTC day. */
+  payerDailyFunding: FundingBound;
   /** The key settle calls are simulated from (upto's proxy accepts only the key its payment names). */
   simulateFrom: Address;
   /** How long an approval may take to be mined. */
@@ -77,11 +85,37 @@ interface Approval {
 
 interface Plan {
   approval: Approval;
-  /** Wei sent to the payer before its approval (0: it can pay itself). */
-  deficit: bigint;
+  /** What the payer's balance on chain lacks for its approval's worst cost (0: it can pay itself). */
+  need: bigint;
+  /** The funding recorded for the approval's nonce (by any payment, in any process): waited for, never sent again. */
+  funding?: GasFunding;
   /** The node has the approval already (a retry after it was relayed). */
   relayed: boolean;
+  /** The payer holds the Permit2 allowance already: nothing is funded or relayed, the settlement alone is sent. */
+  allowanceHeld?: boolean;
 }
+
+/** What a Permit2 proxy's settle call moves (upto: the settled amount; exact: the permitted one); undefined for any other call. */
+function settledAmount(data: Hex): bigint | undefined {
+  for (const abi of [x402ExactPermit2ProxyABI, x402UptoPermit2ProxyABI]) {
+    try {
+      const call = decodeFunctionData({ abi, data });
+      if (call.functionName !== "settle") continue;
+      const args = call.args as readonly unknown[];
+      return typeof args[1] === "bigint" ? args[1] : (args[0] as { permitted: { amount: bigint } }).permitted.amount;
+    } catch {
+      // not this proxy's settle
+    }
+  }
+  return undefined;
+}
+
+/** Why a funding was not recorded: the answer's reason code and line. */
+const FUNDING_REFUSALS = {
+  abused: ["erc20_approval_payer_refused", "this payer once spent the gas it was funded with on something else than its approval"],
+  daily_bound: ["erc20_approval_daily_bound_reached", "the network's gas fundings for today reached their bound; retry tomorrow"],
+  payer_daily_bound: ["erc20_approval_daily_bound_reached", "this payer's gas fundings for today reached their bound; retry tomorrow"],
+} as const;
 
 function refuse(code: string, message: string): never {
   throw new SponsorRefusal(code, message);
@@ -131,7 +165,9 @@ export function createApprovalSponsor(opts: ApprovalSponsorOptions): ApprovalSpo
   /** Everything checked and simulated; what would be sent. Throws SponsorRefusal. */
   async function plan(raw: Hex, settle: { to: Address; data: Hex }): Promise<Plan> {
     const approval = await decode(raw);
-    const [known, pendingNonce, balance, fees, abused] = await Promise.all([
+    const amount = settledAmount(settle.data);
+    const [allowance, known, pendingNonce, balance, fees, abused, funding] = await Promise.all([
+      amount === undefined ? 0n : client.readContract({ address: approval.token, abi: erc20Abi, functionName: "allowance", args: [approval.payer, PERMIT2_ADDRESS] }),
       client.getTransaction({ hash: approval.hash }).then(
         () => true,
         () => false,
@@ -140,28 +176,37 @@ export function createApprovalSponsor(opts: ApprovalSponsorOptions): ApprovalSpo
       client.getBalance({ address: approval.payer }),
       opts.signer.marketFees(),
       opts.store.fundingAbused(approval.payer),
+      opts.store.gasFunding(approval.payer, approval.nonce),
     ]);
+    if (amount !== undefined && allowance >= amount) {
+      // It can pay without its approval (which stays unused): funding or relaying it would only give it gas.
+      await simulate([{ account: opts.simulateFrom, to: settle.to, data: settle.data }]);
+      return { approval, need: 0n, relayed: false, allowanceHeld: true };
+    }
     if (abused) refuse("erc20_approval_payer_refused", "this payer once spent the gas it was funded with on something else than its approval: it is not funded again");
     if (known) {
       // Relayed before (a retried settlement): only the settlement is left to check.
       await simulate([{ account: opts.simulateFrom, to: settle.to, data: settle.data }]);
-      return { approval, deficit: 0n, relayed: true };
+      return { approval, need: 0n, relayed: true };
     }
     if (approval.nonce !== pendingNonce) refuse("erc20_approval_tx_nonce_mismatch", `the approval's nonce is ${approval.nonce}, the payer's next nonce is ${pendingNonce}`);
+    if (funding && funding.approvalHash.toLowerCase() !== approval.hash.toLowerCase()) refuse("erc20_approval_tx_nonce_mismatch", `another approval with the payer's nonce ${approval.nonce} was funded already; sign a new one once it is mined`);
     // Includable now, and at no more than we would pay ourselves: the funding is bounded by it.
     if (approval.feePerGas < fees.baseFeePerGas) refuse("erc20_approval_tx_fee_too_low", `the approval's fee of ${approval.feePerGas} wei per gas is under the current base fee of ${fees.baseFeePerGas}`);
     if (approval.feePerGas > fees.cap) refuse("erc20_approval_tx_fee_too_high", `the approval's fee of ${approval.feePerGas} wei per gas is above the ${fees.cap} this facilitator pays`);
     const cost = approval.gas * approval.feePerGas;
-    const deficit = cost > balance ? cost - balance : 0n;
+    const need = cost > balance ? cost - balance : 0n;
+    // The nonce's funding, mined or not, is the payer's balance too: it is never sent twice.
+    if (funding && balance + (funding.mined ? 0n : funding.fundedWei) < cost) refuse("erc20_approval_funding_above_bound", `the approval was funded already with ${funding.fundedWei} wei, short of what it may cost now; it is not funded twice`);
     const bound = opts.maxFundingWei ?? opts.maxApprovalGas * fees.cap;
-    if (deficit > bound) refuse("erc20_approval_funding_above_bound", `funding the approval would take ${deficit} wei, above the bound of ${bound}`);
+    if (need > bound) refuse("erc20_approval_funding_above_bound", `funding the approval would take ${need} wei, above the bound of ${bound}`);
     const funder = opts.signer.getAddresses()[0]!;
     await simulate([
-      ...(deficit > 0n ? [{ account: funder, to: approval.payer, value: deficit }] : []),
+      ...(need > 0n ? [{ account: funder, to: approval.payer, value: need }] : []),
       { account: approval.payer, to: approval.token, data: approval.data, gas: approval.gas },
       { account: opts.simulateFrom, to: settle.to, data: settle.data },
     ]);
-    return { approval, deficit, relayed: false };
+    return { approval, need, funding, relayed: false };
   }
 
   /** The sequence in one simulated block (eth_simulateV1): every call must succeed. Unserved: refused, nothing sent. */
@@ -197,37 +242,79 @@ export function createApprovalSponsor(opts: ApprovalSponsorOptions): ApprovalSpo
     }
   }
 
-  /** At /settle: fund (bounded, recorded), relay, wait, then hand the settlement to the outbox. */
+  /** Today's bounds of the network's fundings and of one payer's, in wei. */
+  async function dailyBounds(): Promise<{ network: bigint; payer: bigint }> {
+    const perFunding = await fundingBound();
+    const wei = (b: FundingBound) => ("wei" in b ? b.wei : b.fundings * perFunding);
+    return { network: wei(opts.dailyFunding), payer: wei(opts.payerDailyFunding) };
+  }
+
+  async function fundingBound(): Promise<bigint> {
+    return opts.maxFundingWei ?? opts.maxApprovalGas * (await opts.signer.marketFees()).cap;
+  }
+
+  /**
+   * The one funding of the approval's nonce: recorded and sent by the first payment that needs it,
+   * waited for (its receipt) by every other, in any process. A recorded funding that was never
+   * stored as a transaction is sent by its own payment's run (taken over after a crash), or by
+   * another payment once that run is over.
+   */
+  async function fundOnce(p: Plan, paymentId: string): Promise<void> {
+    const { approval } = p;
+    const deadline = Date.now() + opts.receiptTimeoutMs;
+    let funding = p.funding;
+    for (;;) {
+      if (!funding) {
+        const bounds = await dailyBounds();
+        const recorded = await opts.store.recordGasFunding({ approvalHash: approval.hash, approvalNonce: approval.nonce, payer: approval.payer, paymentId, fundedWei: p.need, dailyBoundWei: bounds.network, payerDailyBoundWei: bounds.payer });
+        if (recorded.recorded) return sendFunding(approval, p.need, paymentId);
+        if (recorded.why !== "funded") return refuse(FUNDING_REFUSALS[recorded.why][0], FUNDING_REFUSALS[recorded.why][1]);
+        funding = recorded.funding;
+      }
+      if (funding.approvalHash.toLowerCase() !== approval.hash.toLowerCase()) refuse("erc20_approval_tx_nonce_mismatch", `another approval with the payer's nonce ${approval.nonce} was funded already; sign a new one once it is mined`);
+      if (funding.hash) return awaitFunding(funding.hash);
+      if (funding.paymentId === paymentId || (await opts.store.adoptGasFunding(approval.payer, approval.nonce, paymentId))) return sendFunding(approval, funding.fundedWei, paymentId);
+      if (Date.now() >= deadline) refuse("erc20_approval_tx_failed", "the approval's funding, recorded by another payment, was not sent in time; nothing was sent for this one; retry /settle");
+      await sleep(poll);
+      funding = await opts.store.gasFunding(approval.payer, approval.nonce);
+      if (!funding && p.need === 0n) return; // given up by its payment: the payer needs none
+    }
+  }
+
+  async function sendFunding(approval: Approval, value: bigint, paymentId: string): Promise<void> {
+    let hash: Hex;
+    try {
+      hash = await opts.signer.sendTransaction({ to: approval.payer, data: "0x", value });
+    } catch (e) {
+      // Not stored, or refused for good: the record goes, so it holds neither the nonce nor a bound.
+      await opts.store.forgetGasFunding(approval.payer, approval.nonce, paymentId).catch(() => undefined);
+      throw e;
+    }
+    opts.metrics?.gasFunded.inc({ network: opts.network }, Number(value));
+    return awaitFunding(hash);
+  }
+
+  async function awaitFunding(hash: Hex): Promise<void> {
+    const receipt = await opts.signer.waitForTransactionReceipt({ hash });
+    if (receipt.status !== "success") refuse("erc20_approval_broadcast_failed", "the gas funding of the payer failed; the approval was not relayed");
+  }
+
+  /** At /settle: fund (once per approval nonce, bounded, recorded), relay, wait, then hand the settlement to the outbox. */
   async function send(txs: TransactionRequest[]): Promise<Hex[]> {
     const [raw, settle] = txs;
     if (typeof raw !== "string" || !settle || typeof settle === "string") return refuse("erc20_approval_tx_parse_failed", "expected the payer's signed approval and a settlement call");
-    const ctx = settlementContext.getStore();
     const p = await plan(raw, settle);
+    if (p.allowanceHeld) return [await opts.signer.sendTransaction({ to: settle.to, data: settle.data })];
     const { approval } = p;
-    if (p.deficit > 0n) {
-      // A funding this payment already sent (a run taken over after a crash) is waited for, not repeated.
-      const earlier = ctx ? (await opts.store.outboxForPayment(ctx.paymentId)).find((t) => t.kind === "gas_funding" && t.state !== "dropped") : undefined;
-      let hash = earlier?.hash;
-      if (!hash) {
-        const recorded = await opts.store.recordGasFunding({ approvalHash: approval.hash, payer: approval.payer, paymentId: ctx?.paymentId ?? approval.hash, fundedWei: p.deficit, dailyBoundWei: opts.dailyFundingWei });
-        if (!recorded.recorded) {
-          refuse(
-            recorded.why === "abused" ? "erc20_approval_payer_refused" : "erc20_approval_daily_bound_reached",
-            recorded.why === "abused" ? "this payer once spent the gas it was funded with on something else than its approval" : "the network's gas fundings for today reached their bound; retry tomorrow",
-          );
-        }
-        hash = await opts.signer.sendTransaction({ to: approval.payer, data: "0x", value: p.deficit });
-        opts.metrics?.gasFunded.inc({ network: opts.network }, Number(p.deficit));
-      }
-      const receipt = await opts.signer.waitForTransactionReceipt({ hash });
-      if (receipt.status !== "success") refuse("erc20_approval_broadcast_failed", "the gas funding of the payer failed; the approval was not relayed");
-    }
+    if (p.funding || p.need > 0n) await fundOnce(p, settlementContext.getStore()?.paymentId ?? approval.hash);
     if (!p.relayed) {
       try {
         await client.sendRawTransaction({ serializedTransaction: approval.raw });
       } catch (e) {
         const outcome = classifySendError(e);
-        if (outcome !== "already_known") {
+        // Relayed meanwhile by another payment that carries it (and maybe mined): not a refusal.
+        const relayed = outcome === "already_known" || (await client.getTransaction({ hash: approval.hash }).then(() => true, () => false));
+        if (!relayed) {
           if (outcome === "unreachable") noteRpcFailure(e);
           // Checked a moment ago; refused now: the payer used its nonce or its (funded) gas elsewhere.
           if (outcome === "nonce_too_low" || outcome === "insufficient_funds" || outcome === "replacement_underpriced") await abused(approval);
@@ -290,9 +377,7 @@ export function createApprovalSponsor(opts: ApprovalSponsorOptions): ApprovalSpo
       }
       return undefined;
     },
-    async fundingBound() {
-      return opts.maxFundingWei ?? opts.maxApprovalGas * (await opts.signer.marketFees()).cap;
-    },
+    fundingBound,
     async simulateTransactions(txs) {
       const [raw, settle] = txs;
       if (typeof raw !== "string" || !settle || typeof settle === "string") return false;

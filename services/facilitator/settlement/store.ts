@@ -187,12 +187,49 @@ UPDATE settlement_payment_identifiers i SET payer = lower(p.payer) FROM settleme
 ALTER TABLE settlement_payment_identifiers DROP CONSTRAINT settlement_payment_identifiers_pkey;
 ALTER TABLE settlement_payment_identifiers ADD PRIMARY KEY (network, payer, identifier)`,
   },
+  {
+    // One funding per (payer, approval nonce): the chain runs one transaction per nonce, so payments
+    // that carry the same approval (or rival approvals of one nonce) share its funding. A unique key,
+    // so replicas of any version never record two (rows from before have no nonce: not held to it).
+    id: "settlement/010_gas_funding_per_nonce",
+    sql: `
+ALTER TABLE settlement_gas_fundings ADD COLUMN approval_nonce bigint;
+CREATE UNIQUE INDEX settlement_gas_fundings_one_per_nonce ON settlement_gas_fundings (network, payer, approval_nonce)`,
+  },
 ];
 
 /** Whether a transaction can decide its payment's outcome: the mechanism's own, not one that prepared it. */
 export const isDecisive = (row: Pick<OutboxRow, "kind">) => !AUXILIARY_KINDS.includes((row.kind ?? "") as never);
 
 export type GasFundingState = "funded" | "approved" | "abused";
+
+/** A recorded gas funding and its transaction, once stored (the latest attempt's hash; none: not stored yet, or dropped). */
+export interface GasFunding {
+  approvalHash: string;
+  paymentId: string;
+  fundedWei: bigint;
+  state: GasFundingState;
+  hash?: `0x${string}`;
+  /** Its transaction has a receipt recorded (the payer's balance holds it). */
+  mined: boolean;
+}
+
+/** SQL: a funding (alias f) with its live transaction (the one outbox row of its payment that funds). */
+const FUNDING_WITH_TX = `SELECT f.approval_hash, f.payment_id, f.funded_wei::text AS funded_wei, f.state, o.hash, o.state AS tx_state
+  FROM settlement_gas_fundings f
+  LEFT JOIN LATERAL (SELECT hash, state FROM settlement_outbox o WHERE o.network = f.network AND o.payment_id = f.payment_id AND o.kind = 'gas_funding' AND o.state <> 'dropped' ORDER BY id DESC LIMIT 1) o ON true`;
+
+type FundingRow = { approval_hash: string; payment_id: string; funded_wei: string; state: GasFundingState; hash: `0x${string}` | null; tx_state: OutboxState | null };
+const gasFundingOf = (r: FundingRow): GasFunding => ({
+  approvalHash: r.approval_hash,
+  paymentId: r.payment_id,
+  fundedWei: BigInt(r.funded_wei),
+  state: r.state,
+  hash: r.hash ?? undefined,
+  mined: r.tx_state === "confirmed" || r.tx_state === "reverted",
+});
+
+export type GasFundingRecord = { recorded: true } | { recorded: false; why: "funded"; funding: GasFunding } | { recorded: false; why: "abused" | "daily_bound" | "payer_daily_bound" };
 
 export type PaymentState = PaymentRow["state"];
 export type OutboxState = "signed" | "broadcast" | "confirmed" | "reverted" | "dropped";
@@ -718,34 +755,67 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     },
 
     /**
-     * Records a gas funding before it is sent: refused (false) when the payer was funded before
-     * and spent it on something else, or when the network's fundings of the day would pass
-     * `dailyBoundWei`. Fundings of one network are serialised, so replicas never pass the bound
-     * together. A retried payment's funding of the same approval is the same row.
+     * Records a gas funding before it is sent, or answers the funding already recorded for this
+     * payer's approval nonce (by any payment, in any process: it is waited for, never sent again).
+     * Refused when the payer once spent a funding on something else, or when today's fundings (UTC)
+     * of the network or of this payer would pass their bound. Fundings of one network are
+     * serialised, so replicas never pass a bound together.
      */
-    async recordGasFunding(f: { approvalHash: string; payer: string; paymentId: string; fundedWei: bigint; dailyBoundWei?: bigint }): Promise<{ recorded: true } | { recorded: false; why: "abused" | "daily_bound" }> {
-      return db.transaction(async (tx) => {
+    async recordGasFunding(f: { approvalHash: string; approvalNonce: number; payer: string; paymentId: string; fundedWei: bigint; dailyBoundWei: bigint; payerDailyBoundWei: bigint }): Promise<GasFundingRecord> {
+      return db.transaction(async (tx): Promise<GasFundingRecord> => {
         await tx.query(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, [`${network}|gas-funding`]);
-        const [same] = await tx.query(`SELECT 1 FROM settlement_gas_fundings WHERE network = $1 AND approval_hash = $2`, [network, f.approvalHash]);
-        if (same) return { recorded: true as const };
+        const [same] = await tx.query<FundingRow>(`${FUNDING_WITH_TX} WHERE f.network = $1 AND ((f.payer = $2 AND f.approval_nonce = $3) OR f.approval_hash = $4)`, [network, f.payer, f.approvalNonce, f.approvalHash]);
+        if (same) return { recorded: false, why: "funded", funding: gasFundingOf(same) };
         const [abused] = await tx.query(`SELECT 1 FROM settlement_gas_fundings WHERE network = $1 AND payer = $2 AND state = 'abused'`, [network, f.payer]);
-        if (abused) return { recorded: false as const, why: "abused" as const };
-        if (f.dailyBoundWei !== undefined) {
-          const [day] = await tx.query<{ total: string }>(
-            `SELECT COALESCE(sum(funded_wei), 0)::text AS total FROM settlement_gas_fundings WHERE network = $1 AND day = (now() AT TIME ZONE 'UTC')::date`,
-            [network],
-          );
-          if (BigInt(day!.total) + f.fundedWei > f.dailyBoundWei) return { recorded: false as const, why: "daily_bound" as const };
-        }
-        await tx.query(`INSERT INTO settlement_gas_fundings (network, approval_hash, payer, payment_id, funded_wei, state) VALUES ($1, $2, $3, $4, $5, 'funded')`, [
+        if (abused) return { recorded: false, why: "abused" };
+        const [day] = await tx.query<{ total: string; payer: string }>(
+          `SELECT COALESCE(sum(funded_wei), 0)::text AS total, COALESCE(sum(funded_wei) FILTER (WHERE payer = $2), 0)::text AS payer
+           FROM settlement_gas_fundings WHERE network = $1 AND day = (now() AT TIME ZONE 'UTC')::date`,
+          [network, f.payer],
+        );
+        if (BigInt(day!.total) + f.fundedWei > f.dailyBoundWei) return { recorded: false, why: "daily_bound" };
+        if (BigInt(day!.payer) + f.fundedWei > f.payerDailyBoundWei) return { recorded: false, why: "payer_daily_bound" };
+        await tx.query(`INSERT INTO settlement_gas_fundings (network, approval_hash, approval_nonce, payer, payment_id, funded_wei, state) VALUES ($1, $2, $3, $4, $5, $6, 'funded')`, [
           network,
           f.approvalHash,
+          f.approvalNonce,
           f.payer,
           f.paymentId,
           f.fundedWei.toString(),
         ]);
-        return { recorded: true as const };
+        return { recorded: true };
       });
+    },
+
+    /** The funding recorded for a payer's approval nonce, with its transaction. */
+    async gasFunding(payer: string, approvalNonce: number): Promise<GasFunding | undefined> {
+      const [row] = await db.query<FundingRow>(`${FUNDING_WITH_TX} WHERE f.network = $1 AND f.payer = $2 AND f.approval_nonce = $3`, [network, payer, approvalNonce]);
+      return row && gasFundingOf(row);
+    },
+
+    /**
+     * Takes over, for `paymentId`, a recorded funding that was never stored as a transaction and whose
+     * payment can no longer send it (released or final: its run is over). True when taken.
+     */
+    async adoptGasFunding(payer: string, approvalNonce: number, paymentId: string): Promise<boolean> {
+      const rows = await db.query(
+        `UPDATE settlement_gas_fundings f SET payment_id = $4, updated_at = now()
+         WHERE network = $1 AND payer = $2 AND approval_nonce = $3 AND state = 'funded'
+           AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = f.network AND o.payment_id = f.payment_id AND o.kind = 'gas_funding' AND o.state <> 'dropped')
+           AND NOT EXISTS (SELECT 1 FROM settlement_payments p WHERE p.network = f.network AND p.payment_id = f.payment_id AND p.state IN ('claimed', 'sent'))
+         RETURNING 1`,
+        [network, payer, approvalNonce, paymentId],
+      );
+      return rows.length > 0;
+    },
+
+    /** Forgets a recorded funding its payment could not send (no live transaction): it never counts against a bound, and another payment may fund the nonce. */
+    async forgetGasFunding(payer: string, approvalNonce: number, paymentId: string): Promise<void> {
+      await db.query(
+        `DELETE FROM settlement_gas_fundings f WHERE network = $1 AND payer = $2 AND approval_nonce = $3 AND payment_id = $4 AND state = 'funded'
+           AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = f.network AND o.payment_id = f.payment_id AND o.kind = 'gas_funding' AND o.state <> 'dropped')`,
+        [network, payer, approvalNonce, paymentId],
+      );
     },
 
     /** A funded approval landed (approved) or the funding was spent on something else (abused: the payer is never funded again). */
