@@ -57,6 +57,30 @@ describe("hostile input", () => {
     expect(statuses.get(400)).toBeGreaterThan(0);
   });
 
+  it("malformed batch-settlement payloads are a 400 with a code at /verify and /settle, never a mechanism's exception", async () => {
+    const net = devnet.info.networks[0]!;
+    const usdc = net.assets.find((a) => a.transferMethods.includes("eip3009"))!;
+    const requirements = { scheme: "batch-settlement", network: net.network, asset: usdc.address, amount: "5", payTo: devnet.info.receivers[0]!.address, maxTimeoutSeconds: 60, extra: {} };
+    const address = devnet.info.receivers[0]!.address;
+    const payloads = [
+      { type: "claim", claims: [null] },
+      { type: "claim", claims: "x" },
+      { type: "claim", claims: [] },
+      { type: "settle", receiver: "0x", token: usdc.address },
+      { type: "settle", receiver: address },
+      { type: "deposit", channelConfig: { payer: address }, deposit: { amount: "1e5" } },
+      { type: "refund", channelConfig: null },
+      { type: "voucher" },
+    ];
+    for (const payload of payloads) {
+      for (const action of ["verify", "settle"]) {
+        const r = await postJson(`${devnet.info.routerUrl}/${action}`, { x402Version: 2, paymentPayload: { x402Version: 2, accepted: requirements, payload }, paymentRequirements: requirements });
+        expect(r.status, `${action} ${JSON.stringify(payload)}`).toBe(400);
+        expect(String(r.json.error)).toMatch(/^invalid_payload: paymentPayload\.payload/);
+      }
+    }
+  });
+
   it("settle with a hostile payload answers a payment-level failure or a 400, never a 500", async () => {
     const net = devnet.info.networks[0]!;
     const usdt = net.assets.find((a) => a.symbol === "USDT")!;

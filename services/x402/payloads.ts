@@ -46,13 +46,27 @@ const permit2Payload = <W extends z.ZodRawShape>(witness: W) =>
 export const exactPermit2Payload = permit2Payload({});
 export const uptoPayload = permit2Payload({ facilitator: hexAddress });
 
-const batchPayload = z.object({ type: z.enum(["deposit", "voucher", "claim", "settle", "refund"]) }).passthrough();
+// batch-settlement: each type's fields as the reference types them. The mechanism and the payment's
+// plan (facilitator/plan.ts) read payers, receivers and amounts from them: a malformed one is a 400
+// here, never a mechanism's exception or a flow the plan cannot see.
+const channelConfig = z
+  .object({ payer: hexAddress, payerAuthorizer: hexAddress, receiver: hexAddress, receiverAuthorizer: hexAddress, token: hexAddress, withdrawDelay: z.union([z.number().int().nonnegative().max(2 ** 40), uintString]), salt: bytes32 })
+  .passthrough();
+const voucherFields = z.object({ channelId: bytes32, maxClaimableAmount: uintString, signature }).passthrough();
+const voucherClaim = z.object({ voucher: z.object({ channel: channelConfig, maxClaimableAmount: uintString }).passthrough(), signature, totalClaimed: uintString }).passthrough();
+const claims = z.array(voucherClaim).max(256);
+const batchPayload = z.discriminatedUnion("type", [
+  z.object({ type: z.literal("deposit"), channelConfig, voucher: voucherFields, deposit: z.object({ amount: uintString, authorization: z.object({}).passthrough() }).passthrough() }).passthrough(),
+  z.object({ type: z.literal("voucher"), channelConfig, voucher: voucherFields }).passthrough(),
+  z.object({ type: z.literal("claim"), claims: claims.min(1), claimAuthorizerSignature: signature.optional() }).passthrough(),
+  z.object({ type: z.literal("settle"), receiver: hexAddress, token: hexAddress }).passthrough(),
+  z.object({ type: z.literal("refund"), channelConfig, voucher: voucherFields, amount: uintString.optional(), refundNonce: uintString.optional(), claims: claims.optional(), refundAuthorizerSignature: signature.optional(), claimAuthorizerSignature: signature.optional() }).passthrough(),
+]);
 
 function schemaFor(scheme: string, payload: unknown): z.ZodTypeAny | undefined {
   const isObject = payload !== null && typeof payload === "object";
   if (scheme === "exact") return isObject && "permit2Authorization" in payload ? exactPermit2Payload : eip3009Payload;
   if (scheme === "upto") return uptoPayload;
-  // batch-settlement payloads are many shapes; their mechanism checks the fields of each type.
   if (scheme === "batch-settlement") return batchPayload;
   return undefined;
 }
