@@ -225,11 +225,13 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
     processId,
     /**
      * The payment-identifier extension: whether the payer's identifier is already bound to a
-     * different payment (read-only). Another payer's use of the same id is no conflict.
+     * different payment (read-only). Another payer's use of the same id is no conflict, nor is any
+     * id of a payload no signer's own (claims, sweeps: see identifierScope).
      */
     async identifierConflict(identifier: string, payload: PaymentPayload, requirements: PaymentRequirements): Promise<boolean> {
       const identity = paymentIdentity(payload, requirements);
-      return conflicts(await store.identifierBinding(identifier, identifierScope(payload, identity.payer)), identity.id, paymentDigest(payload, requirements));
+      const scope = identifierScope(payload, identity.payer);
+      return scope !== undefined && conflicts(await store.identifierBinding(identifier, scope), identity.id, paymentDigest(payload, requirements));
     },
     /**
      * Binds the payer's identifier to this payment once it settled or sent a transaction (a refused
@@ -238,7 +240,8 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
      */
     async bindIdentifier(identifier: string, payload: PaymentPayload, requirements: PaymentRequirements): Promise<void> {
       const identity = paymentIdentity(payload, requirements);
-      await store.bindIdentifier(identifier, identifierScope(payload, identity.payer), identity.id, paymentDigest(payload, requirements));
+      const scope = identifierScope(payload, identity.payer);
+      if (scope !== undefined) await store.bindIdentifier(identifier, scope, identity.id, paymentDigest(payload, requirements));
     },
     async settle(job: SettleJob): Promise<SettleResponse> {
       const identity = paymentIdentity(job.payload, job.requirements);

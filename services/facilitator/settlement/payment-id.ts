@@ -42,18 +42,39 @@ export function paymentIdentity(payload: PaymentPayload, requirements: PaymentRe
   return { id: keccak256(toBytes(id)), payer };
 }
 
+const ADDRESS = /^0x[0-9a-fA-F]{40}$/;
+
 /**
- * Whose a client's payment identifier is (the payment-identifier extension): ids are bound per
- * payer, so an id another payer used, or took first, never blocks this payer's payment. The payer
- * is the identity's (the EIP-3009 or Permit2 `from`, whose signature the settlement checked before
- * a binding is written); for a batch-settlement payload, the channel's payer or the swept receiver.
- * Lower case; "" for payloads that name none (claims): those share one scope.
+ * Whose a client's payment identifier is (the payment-identifier extension): the one identity
+ * whose signature alone makes the payment, as `<kind>:<address>…` in lower case, or undefined for
+ * a payload nobody's signature makes (its ids are neither bound nor checked).
+ * - `payer:<from>`: a payer's authorization of its own tokens: EIP-3009 or Permit2 (`from`, the
+ *   identity's payer) and a batch-settlement deposit (its Permit2 `from`, else the channel's
+ *   payer, who signs the ERC-3009 deposit). Only that key makes one, so only it binds its ids.
+ * - `refund:<receiver>:<receiverAuthorizer>`: a batch-settlement refund, which the channel's
+ *   receiver authorizer signs (or the facilitator's, for the receiver's credential holders only),
+ *   never the payer it pays: keyed by both, as any channel opener may name any receiver.
+ * - none: a batch-settlement claim or sweep (`settle`), which anyone may send, and a voucher, which
+ *   sends nothing. A sweep's id still makes a retried sweep the same settlement, by its payment id
+ *   (coordinator.ts: the sweep of that receiver and token, with that id).
  */
-export function identifierScope(payload: PaymentPayload, identityPayer: string | null): string {
-  if (identityPayer) return identityPayer.toLowerCase();
-  const p = payload.payload as { channelConfig?: { payer?: unknown }; receiver?: unknown };
-  const named = p.channelConfig?.payer ?? p.receiver;
-  return typeof named === "string" && /^0x[0-9a-fA-F]{40}$/.test(named) ? named.toLowerCase() : "";
+export function identifierScope(payload: PaymentPayload, identityPayer: string | null): string | undefined {
+  if (identityPayer) return `payer:${identityPayer.toLowerCase()}`;
+  const p = payload.payload as {
+    type?: unknown;
+    channelConfig?: { payer?: unknown; receiver?: unknown; receiverAuthorizer?: unknown };
+    deposit?: { authorization?: { permit2Authorization?: { from?: unknown } } };
+  };
+  const address = (a: unknown) => (typeof a === "string" && ADDRESS.test(a) ? a.toLowerCase() : undefined);
+  if (p.type === "deposit") {
+    const signer = address(p.deposit?.authorization?.permit2Authorization?.from ?? p.channelConfig?.payer);
+    return signer && `payer:${signer}`;
+  }
+  if (p.type === "refund") {
+    const [receiver, authorizer] = [address(p.channelConfig?.receiver), address(p.channelConfig?.receiverAuthorizer)];
+    return receiver && authorizer && `refund:${receiver}:${authorizer}`;
+  }
+  return undefined;
 }
 
 /**

@@ -196,6 +196,20 @@ ALTER TABLE settlement_payment_identifiers ADD PRIMARY KEY (network, payer, iden
 ALTER TABLE settlement_gas_fundings ADD COLUMN approval_nonce bigint;
 CREATE UNIQUE INDEX settlement_gas_fundings_one_per_nonce ON settlement_gas_fundings (network, payer, approval_nonce)`,
   },
+  {
+    // An identifier is bound in the scope of the one signer that alone makes its payment
+    // (payment-id.ts identifierScope: `payer:<from>`, `refund:<receiver>:<authorizer>`), never under
+    // an address a payload merely names (a sweep's receiver, a refund's payer: anyone could bind
+    // those). Bindings of exact and upto payments and of deposits (the only batch payments that
+    // reserve a payer's balance) are a payer's own; the rest (sweeps, claims, refunds) are dropped.
+    id: "settlement/011_identifier_scope",
+    sql: `
+ALTER TABLE settlement_payment_identifiers RENAME COLUMN payer TO scope;
+UPDATE settlement_payment_identifiers i SET scope = 'payer:' || i.scope FROM settlement_payments p
+  WHERE p.network = i.network AND p.payment_id = i.payment_id AND i.scope <> ''
+    AND (p.scheme <> 'batch-settlement' OR p.reserved_payer IS NOT NULL);
+DELETE FROM settlement_payment_identifiers WHERE scope NOT LIKE 'payer:%'`,
+  },
 ];
 
 /** Whether a transaction can decide its payment's outcome: the mechanism's own, not one that prepared it. */
@@ -481,25 +495,25 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     },
 
     /**
-     * Binds a payer's payment identifier (`payer`: payment-id.ts identifierScope) to this payment,
+     * Binds a signer's payment identifier (`scope`: payment-id.ts identifierScope) to this payment,
      * unless it is bound already; returns the payment it is bound to (this one, or the one that
      * came first).
      */
-    async bindIdentifier(identifier: string, payer: string, paymentId: string, digest: string): Promise<{ paymentId: string; digest: string }> {
+    async bindIdentifier(identifier: string, scope: string, paymentId: string, digest: string): Promise<{ paymentId: string; digest: string }> {
       const [row] = await db.query<{ payment_id: string; digest: string }>(
-        `INSERT INTO settlement_payment_identifiers (network, payer, identifier, payment_id, digest) VALUES ($1, $2, $3, $4, $5)
-         ON CONFLICT (network, payer, identifier) DO UPDATE SET identifier = EXCLUDED.identifier
+        `INSERT INTO settlement_payment_identifiers (network, scope, identifier, payment_id, digest) VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (network, scope, identifier) DO UPDATE SET identifier = EXCLUDED.identifier
          RETURNING payment_id, digest`,
-        [network, payer, identifier, paymentId, digest],
+        [network, scope, identifier, paymentId, digest],
       );
       return { paymentId: row!.payment_id, digest: row!.digest };
     },
 
-    /** The payment a payer's identifier is bound to, if any (read-only: /verify). */
-    async identifierBinding(identifier: string, payer: string): Promise<{ paymentId: string; digest: string } | undefined> {
+    /** The payment a signer's identifier is bound to, if any (read-only: /verify). */
+    async identifierBinding(identifier: string, scope: string): Promise<{ paymentId: string; digest: string } | undefined> {
       const [row] = await db.query<{ payment_id: string; digest: string }>(
-        "SELECT payment_id, digest FROM settlement_payment_identifiers WHERE network = $1 AND payer = $2 AND identifier = $3",
-        [network, payer, identifier],
+        "SELECT payment_id, digest FROM settlement_payment_identifiers WHERE network = $1 AND scope = $2 AND identifier = $3",
+        [network, scope, identifier],
       );
       return row && { paymentId: row.payment_id, digest: row.digest };
     },
