@@ -3,7 +3,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { PaymentPayload, PaymentRequirements, SettleResponse } from "@x402/core/types";
 import { openDatabase, migrate, type Database } from "../services/platform/storage.ts";
-import { SETTLEMENT_MIGRATIONS, createSettlementStore } from "../services/facilitator/settlement/store.ts";
+import { ABANDONED_CLAIM_GRACE_MS, SETTLEMENT_MIGRATIONS, createSettlementStore } from "../services/facilitator/settlement/store.ts";
 import { createSettlementCoordinator } from "../services/facilitator/settlement/coordinator.ts";
 import { settlementContext } from "../services/facilitator/settlement/context.ts";
 import { paymentIdentity } from "../services/facilitator/settlement/payment-id.ts";
@@ -184,6 +184,32 @@ describe("settlement coordinator: reservations", () => {
     expect(balanceReads).toBe(1);
     release();
     await first;
+  });
+});
+
+describe("settlement store: abandoned claims", () => {
+  it("a claim whose process died (lease long over, nothing stored) stops holding its payer's balance, and its run can sign nothing after", async () => {
+    const store = createSettlementStore(db, network);
+    const payer = "0x00000000000000000000000000000000000000D4";
+    const asset = requirements.asset;
+    expect(await store.claim("abandoned", "d1", "exact", payer, {}, "dead-owner", 30_000)).toEqual({ claimed: true });
+    expect(await store.reserve("abandoned", "dead-owner", asset, payer, 600n, 1000n)).toEqual({ reserved: true });
+    // Still within its lease and grace: it holds the 600, so a second payment of 600 does not fit a balance of 1000.
+    expect(await store.claim("second", "d2", "exact", payer, {}, "live-owner", 30_000)).toEqual({ claimed: true });
+    expect(await store.reserve("second", "live-owner", asset, payer, 600n, 1000n)).toEqual({ reserved: false, inFlight: 600n });
+    // The first process died long ago: its lease ran out more than the grace before now.
+    await db.query(`UPDATE settlement_payments SET lease_until = now() - ($3 || ' milliseconds')::interval WHERE network = $1 AND payment_id = $2`, [network, "abandoned", String(ABANDONED_CLAIM_GRACE_MS + 1000)]);
+    expect(await store.reserve("second", "live-owner", asset, payer, 600n, 1000n)).toEqual({ reserved: true });
+    expect(await store.payment("abandoned")).toBeUndefined();
+    // The dead run, if it were still alive, lost its claim: nothing is signed for it.
+    let signed = 0;
+    await expect(
+      store.allocateAndStore({ paymentId: "abandoned", claimOwner: "dead-owner", signer: "0x00000000000000000000000000000000000000A9", to: asset as `0x${string}`, data: "0x", gas: 21_000n, maxFeePerGas: 1n, maxPriorityFeePerGas: 1n }, async () => 0, async () => {
+        signed++;
+        return { raw: "0x01", hash: `0x${"cd".repeat(32)}` };
+      }),
+    ).rejects.toThrow("the claim on this payment passed to another request");
+    expect(signed).toBe(0);
   });
 });
 

@@ -7,6 +7,7 @@ import { UptoEvmScheme } from "@x402/evm/upto/facilitator";
 import { BatchSettlementEvmScheme } from "@x402/evm/batch-settlement/facilitator";
 import { getAddress, type Address, type PrivateKeyAccount } from "viem";
 import { RequestError } from "../x402/errors.ts";
+import { isDatabaseError } from "../platform/http-kit.ts";
 import type { AssetInfo, Caip2 } from "../x402/networks.ts";
 import { extensionsFor } from "../x402/extensions.ts";
 import { checkSchemePayload } from "../x402/payloads.ts";
@@ -19,7 +20,7 @@ import { isRpcUnavailable, watchRpc, type ChainClient } from "./chain.ts";
 import { servingAssetCode, withAssetCode } from "./asset-code.ts";
 import { createFastExactVerifier, fastExactApplies } from "./fast-exact.ts";
 import { authenticateReceivers, receiversNeedingAuthorizer, type ReceiverCredentials } from "./receiver-auth.ts";
-import { SETTLEMENT_BUSY, SETTLEMENT_PENDING, TRANSACTION_FAILED } from "./settlement/answers.ts";
+import { SETTLEMENT_BUSY, SETTLEMENT_PENDING, SettlementBusyError, TRANSACTION_FAILED } from "./settlement/answers.ts";
 import type { SettleJob, SettlementCoordinator } from "./settlement/coordinator.ts";
 import type { OutboxSigner } from "./settlement/outbox-signer.ts";
 import { withDecodedReverts } from "./settlement/reverts.ts";
@@ -301,8 +302,12 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
         // Only a refusal with nothing sent becomes a 503: a payment with a transaction is answered by its outcome or settlement_pending.
         if (value && !(failed && !value.success && value.errorReason !== SETTLEMENT_PENDING && !value.transaction)) r = scrub(value);
         else if (failed) r = { success: false, errorReason: RPC_UNAVAILABLE, transaction: "", network: requirements.network };
+        // The store failed with nothing of this payment sent (the coordinator answers from the chain once a transaction exists): no verdict, 503.
+        else if (isDatabaseError((error ?? {}) as object)) r = { success: false, errorReason: STORE_UNAVAILABLE, transaction: "", network: requirements.network };
+        // Another request holds this payment and has sent nothing yet: not a verdict either (its outcome comes to a retry).
+        else if (error instanceof SettlementBusyError) r = { success: false, errorReason: STORE_BUSY, errorMessage: error.message, transaction: "", network: requirements.network };
         else {
-          opts.logger.warn({ err: errorSummary(error), scheme: requirements.scheme }, "settle failed unexpectedly");
+          opts.logger.error({ err: errorSummary(error), scheme: requirements.scheme }, "settle failed unexpectedly (nothing was stored for it)");
           r = { success: false, errorReason: SETTLEMENT_BUSY, errorMessage: safeMessage(error), transaction: "", network: requirements.network };
         }
         span.setAttributes({ "x402.success": r.success, "x402.reason": reasonLabel(r.errorReason), "x402.transaction": r.transaction });
@@ -327,6 +332,8 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       const result = response.success ? "success" : response.errorReason === SETTLEMENT_PENDING ? "pending" : "failure";
       opts.metrics.settleTotal.inc({ ...labels, result, reason: reasonLabel(response.errorReason) });
       if (response.errorReason === RPC_UNAVAILABLE) throw rpcUnavailable(opts);
+      if (response.errorReason === STORE_UNAVAILABLE) throw new RequestError("backend_unavailable", "the settlement store is unavailable and nothing was sent for this payment; retry", RETRY_SOON);
+      if (response.errorReason === STORE_BUSY) throw new RequestError("backend_unavailable", response.errorMessage ?? "another request is settling this payment; retry", RETRY_SOON);
       return response;
     },
   };
@@ -338,6 +345,11 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
  * count it under this reason.
  */
 const RPC_UNAVAILABLE = "rpc_unavailable";
+/** The settlement store failed before anything of the payment was stored (counted under this reason, answered 503). */
+const STORE_UNAVAILABLE = "store_unavailable";
+/** Another request holds the payment's claim with nothing sent (answered 503). */
+const STORE_BUSY = "settlement_busy";
+const RETRY_SOON = { "retry-after": "1" };
 const rpcUnavailable = (opts: FacilitatorOptions) =>
   new RequestError("backend_unavailable", `the RPC of ${opts.network} (${opts.chain.endpoints.join(", ")}) did not answer; retry later`);
 

@@ -59,7 +59,10 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
   }
 
   return startService(async (life) => {
-    const db = await serviceDatabase(life, { db: deps.db, databaseUrl: config.databaseUrl, dataDir: config.dataDir }, [...SETTLEMENT_MIGRATIONS, ...SIGNER_NETWORK_MIGRATIONS]);
+    const db = await serviceDatabase(life, { db: deps.db, databaseUrl: config.databaseUrl, dataDir: config.dataDir }, [...SETTLEMENT_MIGRATIONS, ...SIGNER_NETWORK_MIGRATIONS], {
+      logger: log,
+      admin: { host: config.host, port: config.adminPort, registry: metrics.registry },
+    });
     const store = createSettlementStore(db, config.network, {
       onMined: (signer, gasWei) => metrics.gasSpent.inc({ network: config.network, signer }, Number(gasWei)),
       onReversed: (paymentId) => {

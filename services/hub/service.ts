@@ -71,7 +71,7 @@ export async function startHubService(opts: HubServiceOptions = {}): Promise<Run
 
   const now = opts.now ?? Date.now;
   return startService(async (life) => {
-    const store = createHubStore(await serviceDatabase(life, opts, HUB_MIGRATIONS), storeLimits);
+    const store = createHubStore(await serviceDatabase(life, opts, HUB_MIGRATIONS, { logger }), storeLimits);
     const metrics = createMetrics("hub");
     const app = createHubApp({
       ...opts,

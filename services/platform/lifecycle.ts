@@ -2,9 +2,10 @@
 // on a stack; a start that fails releases what it had opened, newest first, and close() runs the
 // stack once however often it is called. A database the caller passes stays the caller's to close.
 import type { FastifyInstance } from "fastify";
-import { startAdminServer, type AdminOptions } from "./admin.ts";
-import type { Logger } from "./logger.ts";
-import { describeDatabase, migrate, openDatabase, type Database, type Migration } from "./storage.ts";
+import type { Registry } from "prom-client";
+import { startAdminServer, type AdminOptions, type RunningAdmin } from "./admin.ts";
+import { safeMessage, type Logger } from "./logger.ts";
+import { describeDatabase, isDatabaseUnreachable, migrate, openDatabase, type Database, type Migration } from "./storage.ts";
 import type { ServerTimeouts } from "./timeouts.ts";
 
 export interface Lifecycle {
@@ -66,10 +67,42 @@ export interface DatabaseOptions {
 }
 
 /** The service's database with its migrations applied: the shared one, or one it opens and closes itself. */
-export async function serviceDatabase(life: Lifecycle, opts: DatabaseOptions, migrations: Migration[]): Promise<Database> {
-  if (!opts.db) return life.own(await openDatabase({ url: opts.databaseUrl, dataDir: opts.databaseUrl ? undefined : opts.dataDir, migrations }));
-  await migrate(opts.db, migrations);
-  return opts.db;
+export async function serviceDatabase(life: Lifecycle, opts: DatabaseOptions, migrations: Migration[], wait?: DatabaseWait): Promise<Database> {
+  if (opts.db) {
+    await migrate(opts.db, migrations);
+    return opts.db;
+  }
+  // A database server that is not up yet (a replica starting during an outage, or before the
+  // database in a fresh install) is waited for, with a bounded back-off: exiting would put a pod in
+  // CrashLoopBackOff with a growing delay after the database returns.
+  let waitingAdmin: RunningAdmin | undefined;
+  let delayMs = 250;
+  try {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return life.own(await openDatabase({ url: opts.databaseUrl, dataDir: opts.databaseUrl ? undefined : opts.dataDir, migrations }));
+      } catch (e) {
+        if (!opts.databaseUrl || !wait || !isDatabaseUnreachable(e)) throw e;
+        const err = { code: (e as { code?: unknown }).code, message: safeMessage(e) };
+        wait.logger.warn({ attempt, err, retryInMs: delayMs, database: describeDatabase(opts.databaseUrl) }, "the database cannot be reached; waiting for it, unready");
+        // Alive and unready meanwhile: probes see /healthz answer and /readyz refuse, so nothing restarts the process.
+        if (wait.admin && !waitingAdmin) {
+          waitingAdmin = await startAdminServer({ ...wait.admin, logger: wait.logger, checks: [{ name: "store", check: async () => false }] }).catch(() => undefined);
+        }
+        await new Promise((r) => setTimeout(r, delayMs));
+        delayMs = Math.min(delayMs * 2, 5000);
+      }
+    }
+  } finally {
+    await waitingAdmin?.close();
+  }
+}
+
+/** How a service waits for a database server that is not reachable yet. */
+export interface DatabaseWait {
+  logger: Logger;
+  /** While waiting, an admin server on the service's admin port: /healthz answers, /readyz says the store is not ready. */
+  admin?: { host: string; port: number; registry: Registry };
 }
 
 /** For the start-up log line: never a URL's credentials. */

@@ -68,27 +68,45 @@ async function openEmbedded(dataDir?: string): Promise<Database> {
 async function openPostgres(url: string): Promise<Database> {
   const { default: pg } = await import("pg");
   // int8 and numeric come back as strings (amounts and nonces must not lose precision).
-  const pool = new pg.Pool({ connectionString: url, max: 10 });
+  // A connection attempt to a server that does not answer fails in 5 s instead of waiting for ever.
+  const pool = new pg.Pool({ connectionString: url, max: 10, connectionTimeoutMillis: 5000 });
   pool.on("error", () => undefined); // an idle client dropping is not fatal; the next query reconnects
   return {
     kind: "postgres",
     query: async (sql, params) => (await pool.query(sql, params as unknown[])).rows,
     async transaction(fn) {
       const client = await pool.connect();
+      // A checked-out client is not the pool's to watch: the server going away mid-transaction
+      // emits 'error' on it, which without a listener is an uncaught exception. The query in
+      // flight fails with it too; the client is then destroyed, not returned to the pool.
+      let broken: Error | undefined;
+      const onError = (e: Error) => (broken = e);
+      client.on("error", onError);
       try {
         await client.query("BEGIN");
         const result = await fn({ query: async (sql, params) => (await client.query(sql, params as unknown[])).rows });
         await client.query("COMMIT");
         return result;
       } catch (e) {
-        await client.query("ROLLBACK").catch(() => undefined);
+        if (!broken) await client.query("ROLLBACK").catch((r: Error) => (broken = r));
         throw e;
       } finally {
-        client.release();
+        client.off("error", onError);
+        client.release(broken);
       }
     },
     close: () => pool.end(),
   };
+}
+
+/**
+ * A database that cannot be reached (down, restarting, starting up, out of connections), as
+ * opposed to one that answered with an error: worth waiting for, never a reason to exit.
+ */
+export function isDatabaseUnreachable(e: unknown): boolean {
+  const { code, message } = (e ?? {}) as { code?: unknown; message?: unknown };
+  if (typeof code === "string" && (["ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "EPIPE", "EHOSTUNREACH", "ENOTFOUND", "EAI_AGAIN", "57P01", "57P02", "57P03", "53300"].includes(code) || code.startsWith("08"))) return true;
+  return typeof message === "string" && /^(Connection terminated|timeout exceeded when trying to connect)/.test(message);
 }
 
 /** Applies migrations not yet applied, in order, each in its own transaction; safe to run from several processes at once. */

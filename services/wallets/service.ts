@@ -54,7 +54,7 @@ export async function startWalletsService(opts: WalletsServiceOptions = {}): Pro
   const now = opts.now ?? Date.now;
   const adminToken = opts.adminToken !== undefined ? adminTokenFrom(opts.adminToken, "wallets") : opts.adminTokenFile ? readAdminTokenFile(opts.adminTokenFile, "wallets") : undefined;
   return startService(async (life) => {
-    const store = createWalletStore(await serviceDatabase(life, opts, WALLETS_MIGRATIONS));
+    const store = createWalletStore(await serviceDatabase(life, opts, WALLETS_MIGRATIONS, { logger }));
     const metrics = createMetrics("wallets");
     let rotate: () => void = () => undefined;
     const keyring = life.own(

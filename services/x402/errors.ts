@@ -26,7 +26,7 @@ const STATUS = {
 export type RequestErrorCode = keyof typeof STATUS;
 
 export class RequestError extends codedErrors(STATUS) {
-  constructor(code: RequestErrorCode, detail: string) {
-    super(code, detail, STATUS[code] === 401 ? { "www-authenticate": "Bearer" } : {});
+  constructor(code: RequestErrorCode, detail: string, headers: Record<string, string> = {}) {
+    super(code, detail, STATUS[code] === 401 ? { "www-authenticate": "Bearer", ...headers } : headers);
   }
 }

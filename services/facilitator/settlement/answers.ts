@@ -5,8 +5,16 @@ import type { SettleResponse } from "@x402/core/types";
 
 /** The transaction is sent but not mined within the caller's bound: a retry reports its outcome. */
 export const SETTLEMENT_PENDING = "settlement_pending";
-/** A retryable failure: another request holds the claim and has not sent a transaction yet. */
+/** A defect of ours with nothing stored for the payment (never for one that may have moved money). */
 export const SETTLEMENT_BUSY = "unexpected_settle_error";
+
+/**
+ * Another request holds the payment's claim and has stored no transaction yet (or took it over
+ * from this one): not a verdict, answered 503 with Retry-After; a retry gets the payment's outcome.
+ */
+export class SettlementBusyError extends Error {
+  override name = "SettlementBusyError";
+}
 /** A transaction that reverted with no decoded reason, or that a node refused for good. */
 export const TRANSACTION_FAILED = "invalid_transaction_state";
 

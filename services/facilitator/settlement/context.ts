@@ -2,7 +2,8 @@
 // writeContract without knowing about payments, and the outbox must record which payment each
 // transaction belongs to.
 import { AsyncLocalStorage } from "node:async_hooks";
-import type { Address } from "viem";
+import type { Address, Hex } from "viem";
+import type { TransactionKind } from "./gas-policy.ts";
 import type { GasMeter } from "./gas-meter.ts";
 import type { PaymentPlan } from "../plan.ts";
 
@@ -21,6 +22,11 @@ export interface SettlementContext {
   gas?: GasMeter;
   /** What the payment may make the signer send (plan.ts): every transaction of the run is admitted by it first. */
   plan?: PaymentPlan;
+  /**
+   * Every transaction this run stored in the outbox (so may have sent), in order: what an answer
+   * rests on when the store fails afterwards (coordinator.ts answers from the chain then).
+   */
+  stored?: { hash: Hex; kind: TransactionKind }[];
 }
 
 export const settlementContext = new AsyncLocalStorage<SettlementContext>();

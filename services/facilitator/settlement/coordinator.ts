@@ -23,12 +23,13 @@
 // - A refusal before any transaction releases the claim: a retry is judged afresh.
 import { randomUUID } from "node:crypto";
 import type { PaymentPayload, PaymentRequirements, SettleResponse } from "@x402/core/types";
-import { erc20Abi, type Address } from "viem";
+import { erc20Abi, type Address, type Hex } from "viem";
 import type { ChainClient } from "../chain.ts";
 import type { GasMeter } from "./gas-meter.ts";
 import type { PaymentPlan } from "../plan.ts";
-import { SETTLEMENT_BUSY, SETTLEMENT_PENDING, failureAnswer, pendingAnswer } from "./answers.ts";
-import { settlementContext } from "./context.ts";
+import { SETTLEMENT_PENDING, SettlementBusyError, failureAnswer, pendingAnswer } from "./answers.ts";
+import { settlementContext, type SettlementContext } from "./context.ts";
+import { AUXILIARY_KINDS } from "./gas-policy.ts";
 import { identifierScope, paymentDigest, paymentIdentity } from "./payment-id.ts";
 import { pollMined, sleep } from "./receipts.ts";
 import { isDecisive, isFinal, type OutboxRow, type SettlementStore } from "./store.ts";
@@ -68,6 +69,8 @@ export interface SettleJob {
 }
 
 const OPEN = new Set(["signed", "broadcast"]);
+
+type StoredTransaction = NonNullable<SettlementContext["stored"]>[number];
 
 export function createSettlementCoordinator(opts: CoordinatorOptions) {
   // Claims are owned per request, not per process: two requests of one process must not pass for
@@ -127,11 +130,11 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
   }
 
   /** This caller holds the claim: run the mechanism, then record what happened. */
-  async function execute(job: SettleJob, paymentId: string, payer: string | null, deadline: number, owner: string): Promise<SettleResponse> {
+  async function execute(job: SettleJob, paymentId: string, payer: string | null, deadline: number, owner: string, stored: StoredTransaction[]): Promise<SettleResponse> {
     const key = job.reservation && `${job.reservation.asset}|${job.reservation.payer}`;
     if (key) settlingHere.set(key, (settlingHere.get(key) ?? 0) + 1);
     try {
-      return await executeClaimed(job, paymentId, payer, deadline, owner);
+      return await executeClaimed(job, paymentId, payer, deadline, owner, stored);
     } finally {
       if (key) {
         const left = settlingHere.get(key)! - 1;
@@ -141,7 +144,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
     }
   }
 
-  async function executeClaimed(job: SettleJob, paymentId: string, payer: string | null, deadline: number, owner: string): Promise<SettleResponse> {
+  async function executeClaimed(job: SettleJob, paymentId: string, payer: string | null, deadline: number, owner: string, stored: StoredTransaction[]): Promise<SettleResponse> {
     let result: SettleResponse;
     try {
       const refusal = await reserve(job, paymentId, payer, owner);
@@ -149,7 +152,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
         await store.release(paymentId, owner);
         return refusal;
       }
-      result = await settlementContext.run({ paymentId, owner, signer: job.signer, gas: job.gas, plan: job.plan && { ...job.plan, admitted: new Set() } }, job.run);
+      result = await settlementContext.run({ paymentId, owner, signer: job.signer, gas: job.gas, plan: job.plan && { ...job.plan, admitted: new Set() }, stored }, job.run);
     } catch (e) {
       await store.release(paymentId, owner); // a no-op when a transaction exists: that one is still driven to its end
       throw e;
@@ -158,7 +161,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
     // payment): it stored nothing (the fence in allocateAndStore) and must not read their outcome.
     const row = await store.payment(paymentId);
     if (row?.owner !== owner) {
-      return failure(SETTLEMENT_BUSY, payer, "this request took too long and another request took over this payment; retry /settle");
+      throw new SettlementBusyError("this request took too long and another request took over this payment; retry /settle");
     }
     if (isFinal(row)) return row.response;
     if (row.state === "claimed") {
@@ -166,7 +169,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
         await store.release(paymentId, owner); // refused before any transaction: a later retry may try again
         return result;
       }
-      return (await store.record(paymentId, result, owner)) ?? answerOf(paymentId, payer); // nothing to send (upto with 0)
+      return (await store.record(paymentId, result, owner)) ?? answerOf(paymentId); // nothing to send (upto with 0)
     }
     // The answer names the mechanism's own transaction (a counterfactual wallet's deployment may come before it).
     const txs = (await store.outboxForPayment(paymentId)).filter(isDecisive);
@@ -174,25 +177,26 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
     const mined = confirmed.find((t) => (t.hashes ?? [t.hash]).some((h) => h.toLowerCase() === String(result.transaction).toLowerCase())) ?? confirmed[confirmed.length - 1];
     if (result.success && mined) {
       // The mined hash may be a fee replacement of the one the mechanism sent.
-      return (await store.record(paymentId, { ...result, transaction: mined.mined_hash! })) ?? answerOf(paymentId, payer);
+      return (await store.record(paymentId, { ...result, transaction: mined.mined_hash! })) ?? answerOf(paymentId);
     }
     if (mined && txs.every((t) => t.state === "confirmed" || t.state === "dropped")) {
       // The mechanism gave up (its receipt wait ended) while another process saw the transaction
       // mined: the chain's outcome is the answer, never the mechanism's failure.
       await store.recordMined(paymentId, mined.id, mined.mined_hash!, true);
-      return answerOf(paymentId, payer);
+      return answerOf(paymentId);
     }
     if (!result.success && result.errorReason !== SETTLEMENT_PENDING && txs.every((t) => !OPEN.has(t.state))) {
-      return (await store.record(paymentId, result)) ?? answerOf(paymentId, payer);
+      return (await store.record(paymentId, result)) ?? answerOf(paymentId);
     }
     // A transaction exists but its outcome is not known: drive it (bounded), never re-execute.
     return awaitOutcome(paymentId, deadline, job.gas);
   }
 
   /** The answer another process recorded first; none if the claim passed to another request meanwhile. */
-  async function answerOf(paymentId: string, payer: string | null): Promise<SettleResponse> {
+  async function answerOf(paymentId: string): Promise<SettleResponse> {
     const row = await store.payment(paymentId);
-    return row && isFinal(row) ? row.response : failure(SETTLEMENT_BUSY, payer, "another request took over this payment; retry /settle");
+    if (row && isFinal(row)) return row.response;
+    throw new SettlementBusyError("another request took over this payment; retry /settle");
   }
 
   /**
@@ -221,6 +225,42 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
   /** Whether a client's payment identifier already names another payment (see identifierConflict). */
   const conflicts = (bound: { paymentId: string; digest: string } | undefined, id: string, digest: string) => bound !== undefined && (bound.paymentId !== id || bound.digest !== digest);
 
+  /** The outcome of the payment's transaction as the chain has it, without the store: success once mined and deep enough, else pending. */
+  async function answerFromChain(job: SettleJob, hash: Hex): Promise<SettleResponse> {
+    const payer = paymentIdentity(job.payload, job.requirements).payer;
+    const mined = await pollMined(opts.chain, [hash], opts.confirmations).catch(() => undefined);
+    // A revert is left to the store's record (a reorg may still bring it back): pending until then.
+    if (mined?.receipt.status === "success") return { success: true, transaction: mined.hash, network: network as SettleResponse["network"], ...(payer ? { payer } : {}), ...(job.extra ?? {}) };
+    return pendingAnswer(network, payer, hash);
+  }
+
+  async function settleOnce(job: SettleJob, stored: StoredTransaction[]): Promise<SettleResponse> {
+    const identity = paymentIdentity(job.payload, job.requirements);
+    const digest = paymentDigest(job.payload, job.requirements);
+    const { payer } = identity;
+    const id = job.unique ? `${identity.id}:${job.clientId ?? randomUUID()}` : identity.id;
+    const extra = job.extra ?? {};
+    const deadline = Date.now() + opts.waitBoundMs;
+    const owner = `${processId}:${randomUUID()}`;
+    for (;;) {
+      const claim = await store.claim(id, digest, job.requirements.scheme, payer, extra, owner, leaseMs);
+      if (claim.claimed) return execute(job, id, payer, deadline, owner, stored);
+      const row = claim.row;
+      if (row.digest !== digest) {
+        // Another payment holds this nonce. Once it is sent (or final) this one can never execute;
+        // before that it may still be refused and release the id, so a forged body cannot lock
+        // the genuine payment out: wait for that within the bound.
+        if (row.state !== "claimed") return failure(job.reusedReason, payer, "this authorization's nonce is already used by another payment");
+      } else {
+        if (isFinal(row)) return row.response;
+        if (row.state === "sent") return awaitOutcome(id, deadline);
+      }
+      if (row.lease_expired && (await store.takeOver(id, digest, extra, owner, leaseMs))) return execute(job, id, payer, deadline, owner, stored);
+      if (Date.now() >= deadline) throw new SettlementBusyError("another request is settling a payment with this nonce and has sent no transaction yet; retry /settle");
+      await sleep(poll);
+    }
+  }
+
   return {
     processId,
     /**
@@ -243,30 +283,20 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
       const scope = identifierScope(payload, identity.payer);
       if (scope !== undefined) await store.bindIdentifier(identifier, scope, identity.id, paymentDigest(payload, requirements));
     },
+    /**
+     * Settles a payment exactly once. The answer is the chain's truth: when the store fails after
+     * this call stored the payment's own transaction, the answer is read from the chain (its
+     * outcome, or settlement_pending with its hash), never an error; with nothing of the payment's
+     * stored, a store failure is thrown (not a verdict: the caller answers 503).
+     */
     async settle(job: SettleJob): Promise<SettleResponse> {
-      const identity = paymentIdentity(job.payload, job.requirements);
-      const digest = paymentDigest(job.payload, job.requirements);
-      const { payer } = identity;
-      const id = job.unique ? `${identity.id}:${job.clientId ?? randomUUID()}` : identity.id;
-      const extra = job.extra ?? {};
-      const deadline = Date.now() + opts.waitBoundMs;
-      const owner = `${processId}:${randomUUID()}`;
-      for (;;) {
-        const claim = await store.claim(id, digest, job.requirements.scheme, payer, extra, owner, leaseMs);
-        if (claim.claimed) return execute(job, id, payer, deadline, owner);
-        const row = claim.row;
-        if (row.digest !== digest) {
-          // Another payment holds this nonce. Once it is sent (or final) this one can never execute;
-          // before that it may still be refused and release the id, so a forged body cannot lock
-          // the genuine payment out: wait for that within the bound.
-          if (row.state !== "claimed") return failure(job.reusedReason, payer, "this authorization's nonce is already used by another payment");
-        } else {
-          if (isFinal(row)) return row.response;
-          if (row.state === "sent") return awaitOutcome(id, deadline);
-        }
-        if (row.lease_expired && (await store.takeOver(id, digest, extra, owner, leaseMs))) return execute(job, id, payer, deadline, owner);
-        if (Date.now() >= deadline) return failure(SETTLEMENT_BUSY, payer, "another request is settling a payment with this nonce and has sent no transaction yet; retry /settle");
-        await sleep(poll);
+      const stored: StoredTransaction[] = [];
+      try {
+        return await settleOnce(job, stored);
+      } catch (e) {
+        const own = stored.filter((t) => !AUXILIARY_KINDS.includes(t.kind)).pop();
+        if (!own) throw e;
+        return answerFromChain(job, own.hash);
       }
     },
   };

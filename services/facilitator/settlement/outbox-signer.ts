@@ -390,9 +390,10 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     return cached.quote.then((q) => (q * 9n ** blocks) / 8n ** blocks);
   }
 
-  async function checkDataFee(kind: TransactionKind, args: { to: Address; data: Hex }, gas: bigint, fee: Fees): Promise<void> {
+  /** The L1 data fee the transaction may cost (0 where the chain charges none); above its bound it is never signed. */
+  async function checkDataFee(kind: TransactionKind, args: { to: Address; data: Hex }, gas: bigint, fee: Fees): Promise<bigint> {
     const model = opts.dataFee;
-    if (model?.kind !== "op-l1-fee") return;
+    if (model?.kind !== "op-l1-fee") return 0n;
     let quote: bigint;
     try {
       quote = await quoteL1Fee(model, kind, args, gas, fee);
@@ -404,6 +405,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       opts.logger.warn({ kind, l1Fee: quote.toString(), bound: model.maxFeeWei.toString() }, "L1 data fee above its bound: not signed");
       fail(kind, undefined, `the ${kind} transaction's L1 data fee of ${quote} wei is above the bound of ${model.maxFeeWei}; it was not signed`);
     }
+    return quote;
   }
 
   async function sendTransaction(args: { to: Address; data: Hex; gas?: bigint; value?: bigint }): Promise<Hex> {
@@ -429,7 +431,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       // A payment verified in the current head block needs no second simulation: the state it would
       // run against is the one its verification ran against (EIP-3009 transfers do not depend on the sender).
       const verified = args.gas === undefined && kind === "eip3009_transfer" ? takeSimulation(args.to, args.data) : undefined;
-      const [estimate, fee] = await Promise.all([
+      const [estimate, fee, l1Fee] = await Promise.all([
         args.gas ??
           verified ??
           client.estimateGas({ account: account.address, to: args.to, data: args.data, ...(value ? { value } : {}) }).catch(async (e) => {
@@ -459,8 +461,8 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       const padded = args.gas ?? (estimate * 12n) / 10n;
       const gas = padded > policy.ceiling(kind) ? policy.ceiling(kind) : padded;
       // A tenant's gas budget (gas-meter.ts): the worst this transaction can cost must fit what is left
-      // (a gas funding's value is spent too).
-      const worst = gas * fee.maxFeePerGas + value;
+      // (a gas funding's value is spent too, and on OP Stack chains the L1 data fee).
+      const worst = gas * fee.maxFeePerGas + value + l1Fee;
       if (ctx?.gas && !ctx.gas.commit(worst)) {
         opts.logger.warn({ kind, worst: worst.toString(), remaining: String(ctx.gas.remaining()) }, "gas allowance of the caller exhausted: not signed");
         fail(kind, GAS_BUDGET_EXHAUSTED, `the ${kind} transaction may cost up to ${worst} wei, more than the ${ctx.gas.remaining()} wei left of the API key's gas budget for today; nothing was sent`);
@@ -474,6 +476,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
           noteRpcFailure(e);
           throw e;
         });
+      ctx?.stored?.push({ hash: row.hash, kind });
       crash("after_store", opts.crashAt);
       for (let attempt = 0; ; attempt++) {
         const outcome = await send(row, true);
@@ -482,6 +485,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
           // Another transaction of this key (sent outside the fleet) holds the nonce: take the next one.
           await skipForeignNonce(row, outcome);
           row = await opts.store.allocateAndStore(entry, async () => 0, (nonce) => sign(account, { ...entry, nonce }));
+          ctx?.stored?.push({ hash: row.hash, kind });
           continue;
         }
         if (outcome === "insufficient_funds") opts.onInsufficientFunds?.(account.address);

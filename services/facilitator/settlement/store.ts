@@ -392,6 +392,9 @@ export function createKeyedQueue() {
   };
 }
 
+/** How long past its lease a claim with no transaction is kept before a reservation of its payer drops it. */
+export const ABANDONED_CLAIM_GRACE_MS = 60_000;
+
 export function createSettlementStore(db: Database, network: string, hooks: SettlementStoreHooks = {}) {
   const countedKeys = new Set<string>();
   const inTurn = createKeyedQueue();
@@ -403,6 +406,17 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     try {
       const outcomes = await db.transaction(async (tx) => {
         await tx.query(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, [`${network}|${asset}|${payer}`]);
+        // Abandoned claims (their process died before anything of theirs was stored, and nobody
+        // retried them) would hold the payer's balance for ever: a claim whose lease ran out a
+        // while ago with no transaction at all is dropped. Its run, if it still lives, has lost it:
+        // the fence in allocateAndStore finds no row of its owner and signs nothing.
+        await tx.query(
+          `DELETE FROM settlement_payments p
+           WHERE network = $1 AND asset = $2 AND reserved_payer = $3 AND reserved IS NOT NULL AND state = 'claimed'
+             AND lease_until < now() - ($4 || ' milliseconds')::interval
+             AND NOT EXISTS (SELECT 1 FROM settlement_outbox o WHERE o.network = $1 AND o.payment_id = p.payment_id)`,
+          [network, asset, payer, String(ABANDONED_CLAIM_GRACE_MS)],
+        );
         const [row] = await tx.query<{ total: string }>(
           `SELECT COALESCE(sum(reserved), 0)::text AS total FROM settlement_payments p
            WHERE network = $1 AND asset = $2 AND reserved_payer = $3 AND reserved IS NOT NULL AND state IN ('claimed', 'sent')
