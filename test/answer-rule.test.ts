@@ -8,7 +8,10 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { pino } from "pino";
 import { createPublicClient, http, parseAbi, type Address, type Hex } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
-import { startRig, stopRig, type Rig } from "./helpers/settlement-rig.ts";
+import { DATABASE_URL, startRig, stopRig, type Rig } from "./helpers/settlement-rig.ts";
+import { startTcpProxy } from "./helpers/tcp-proxy.ts";
+import { until } from "./helpers/cluster.ts";
+import { freePort } from "../services/devnet/anvil.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { postJson } from "./helpers/payments.ts";
 import { openDatabase, type Database, type Queryable } from "../services/platform/storage.ts";
@@ -100,5 +103,41 @@ describe("the answer rule when the settlement store fails", () => {
     // The second payment, retried, settles once: the receiver holds exactly both.
     expect((await postJson(`${facilitator.url}/settle`, second)).json).toMatchObject({ success: true });
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(3000n);
+  });
+});
+
+describe.runIf(DATABASE_URL)("a replica whose database is not up yet", () => {
+  it("waits for it alive and unready (/healthz 200, /readyz 503 store:false), then serves once it can", async () => {
+    const server = new URL(DATABASE_URL!);
+    const proxy = await startTcpProxy(Number(server.port || 5432));
+    await proxy.down(); // the database "is not up": nothing listens on its port
+    const adminPort = await freePort();
+    const config = resolveFacilitatorConfig({
+      network: rig.network,
+      rpcUrls: [rig.anvil.rpcUrl],
+      signerKeyFile: rig.keyFile,
+      port: 0,
+      adminPort,
+      databaseUrl: `postgres://${server.username}@127.0.0.1:${proxy.port}${server.pathname}`,
+      policy: { minBlockIntervalMs: 0 },
+    });
+    const starting = startFacilitatorService(config, pino({ level: "silent" }));
+    let started: RunningFacilitator | undefined;
+    try {
+      const admin = `http://127.0.0.1:${adminPort}`;
+      await until(async () => (await fetch(`${admin}/healthz`).catch(() => undefined))?.status === 200, "the waiting replica's /healthz");
+      const unready = await fetch(`${admin}/readyz`);
+      expect(unready.status).toBe(503);
+      expect(await unready.json()).toMatchObject({ status: "not_ready", checks: { store: false } });
+      await proxy.up(); // the database comes up
+      started = await starting;
+      const ready = await fetch(`${started.adminUrl}/readyz`);
+      expect(ready.status).toBe(200);
+      const supported = await fetch(`${started.url}/supported`);
+      expect(supported.status).toBe(200);
+    } finally {
+      await (started ?? (await starting.catch(() => undefined)))?.close();
+      await proxy.close();
+    }
   });
 });
