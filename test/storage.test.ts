@@ -82,3 +82,33 @@ describe("the embedded engine's memory", () => {
     }
   });
 });
+
+describe("a PostgreSQL server that goes away mid-transaction", () => {
+  it("fails that transaction's query, never the process (no uncaught 'error' of the checked-out client); the next query reconnects", async () => {
+    const { startTcpProxy } = await import("./helpers/tcp-proxy.ts");
+    const server = new URL(PG_URL);
+    const proxy = await startTcpProxy(Number(server.port || 5432));
+    const db = await openDatabase({ url: `postgres://${server.username}@127.0.0.1:${proxy.port}${server.pathname}` });
+    const uncaught: unknown[] = [];
+    const onUncaught = (e: unknown) => uncaught.push(e);
+    process.on("uncaughtException", onUncaught);
+    try {
+      const inFlight = db.transaction(async (tx) => {
+        await tx.query("SELECT 1");
+        await tx.query("SELECT pg_sleep(5)"); // the server goes away while this runs
+      });
+      await new Promise((r) => setTimeout(r, 300));
+      await proxy.down();
+      await expect(inFlight).rejects.toThrow();
+      await new Promise((r) => setTimeout(r, 200)); // a late 'error' event would surface by now
+      expect(uncaught).toEqual([]);
+      await proxy.up();
+      expect(await db.query<{ ok: number }>("SELECT 1 AS ok")).toEqual([{ ok: 1 }]);
+      expect(await db.transaction((tx) => tx.query<{ ok: number }>("SELECT 2 AS ok"))).toEqual([{ ok: 2 }]);
+    } finally {
+      process.off("uncaughtException", onUncaught);
+      await db.close().catch(() => undefined);
+      await proxy.close();
+    }
+  });
+});
