@@ -3,9 +3,12 @@
 // appears in GET /v2/discovery/resources (read with the reference `withBazaar` client), filterable
 // and searchable. Hostile declarations (a client echoes whatever it likes) are soft-dropped field by
 // field, or refused whole when the resource URL is an IP literal or localhost. A declarer cannot
-// take over someone else's entry: /verify writes nothing, and a settled declaration of another's
-// URL (judged on chain: its payment landed) only appends its own payment option (rows read from
-// the catalog, on PostgreSQL and on the embedded engine).
+// take over someone else's entry: /verify writes nothing; a settled declaration (judged on chain:
+// its payment landed) is unproven and only appends its own payment option, even when it paid the
+// owner's payTo; an entry is owned, rewritten and re-priced only by what the resource's own 402
+// answer says (reference resource servers the router fetches), and a squatter's entry is taken over
+// by the real service once the resource vouches for it (rows read from the catalog, on PostgreSQL
+// and on the embedded engine).
 import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { randomBytes } from "node:crypto";
@@ -25,7 +28,7 @@ import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import type { Address, Hex } from "viem";
 import { startRouterService, type RunningRouter } from "../services/router/service.ts";
 import { openDatabase, type Database } from "../services/platform/storage.ts";
-import { DISCOVERY_MIGRATIONS, MAX_OTHER_ACCEPTS, createCatalog } from "../services/discovery/catalog.ts";
+import { DISCOVERY_MIGRATIONS, MAX_UNPROVEN_ACCEPTS, createCatalog } from "../services/discovery/catalog.ts";
 import { createApiKeyStore, type ApiKeyStore } from "../services/tenants/api-keys.ts";
 import { devnetRouterTokenFile, type RunningDevnet } from "../services/devnet/devnet.ts";
 import { startTestDevnet } from "./helpers/devnet.ts";
@@ -33,6 +36,7 @@ import { balanceOf, receiptStatus } from "./helpers/chain.ts";
 import { nonceOf } from "./helpers/onchain.ts";
 import { PG_URL } from "./helpers/hub.ts";
 import { postJson } from "./helpers/payments.ts";
+import { until } from "./helpers/wait.ts";
 
 const run = randomBytes(4).toString("hex"); // this run's resources, apart from any other run's rows
 const host = `weather-${run}.example.com`;
@@ -44,17 +48,47 @@ let keys: ApiKeyStore;
 const keyIds: string[] = [];
 let db: Database;
 let server: Server;
+/** Resource servers the routers prove declarations against: their public-looking hosts, mapped to the local servers (past the SSRF guard, for these hosts only). */
+const hosts: Record<string, string> = {};
+/** A reference resource server that declares bazaar: the real service behind svc-<run>.example.com. */
+let services: Server;
+const svcHost = `svc-${run}.example.com`;
+/** The real payees of /c2 and of /liar, which no declarer below pays. */
+const realPayee = privateKeyToAccount(generatePrivateKey()).address;
+const liarsPayee = privateKeyToAccount(generatePrivateKey()).address;
 
 beforeAll(async () => {
   devnet = await startTestDevnet(["eip155:8453"], { hub: false, wallets: false });
   db = await openDatabase({ url: PG_URL, migrations: DISCOVERY_MIGRATIONS });
-  router = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, discovery: true, routerTokenFile: devnetRouterTokenFile(devnet.dir) }, pino({ level: "silent" }));
-  keyedRouter = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, discovery: true, apiKeys: true, routerTokenFile: devnetRouterTokenFile(devnet.dir) }, pino({ level: "silent" }));
+  const discoveryVerification = { hosts, timeoutMs: 10_000 };
+  router = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, discovery: true, discoveryVerification, routerTokenFile: devnetRouterTokenFile(devnet.dir) }, pino({ level: "silent" }));
+  keyedRouter = await startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, discovery: true, apiKeys: true, discoveryVerification, routerTokenFile: devnetRouterTokenFile(devnet.dir) }, pino({ level: "silent" }));
   keys = createApiKeyStore(db, { cacheMs: 0 });
+
+  // The real services: each route answers 402 with its own text and payee (1000 atomic USDC); /free answers 200.
+  const route = (path: string, to: Address, text: string) => ({
+    accepts: { scheme: "exact", price: "$0.001", network: "eip155:8453" as const, payTo: to },
+    resource: `https://${svcHost}${path}`,
+    description: text,
+    serviceName: "Real Co",
+    tags: ["real"],
+    extensions: declareDiscoveryExtension({ input: { q: "x" }, inputSchema: { properties: { q: { type: "string" } } } }),
+  });
+  const app = express();
+  const resourceServer = new x402ResourceServer(new HTTPFacilitatorClient({ url: router.url })).register("eip155:8453", new ExactEvmServer()).registerExtension(bazaarResourceServerExtension);
+  app.use(paymentMiddleware({ "GET /c1": route("/c1", payTo(), "The real C1 API"), "GET /c2": route("/c2", realPayee, "The real C2 API"), "GET /c3": route("/c3", realPayee, "The real C3 API"), "GET /liar": route("/liar", liarsPayee, "The liar's real API") }, resourceServer));
+  app.get("/free", (_req, res) => void res.json({ free: true }));
+  services = await new Promise<Server>((resolve) => {
+    const s = app.listen(0, "127.0.0.1", () => resolve(s));
+  });
+  const origin = `http://127.0.0.1:${(services.address() as AddressInfo).port}`;
+  // The other hosts below run no x402 resource: mapped here, their check gets a plain 404 at once instead of a DNS lookup.
+  for (const name of [svcHost, `owned-${run}.example.com`, `tenant-${run}.example.com`, `poisoned-${run}.example.com`, `broken-${run}.example.com`]) hosts[name] = origin;
 });
 
 afterAll(async () => {
   await new Promise((r) => server?.close(r));
+  await new Promise((r) => services?.close(r));
   await router?.close();
   await keyedRouter?.close();
   if (keyIds.length) for (const table of ["tenant_api_keys", "tenant_quota_usage", "tenant_usage"]) await db.query(`DELETE FROM ${table} WHERE ${table === "tenant_api_keys" ? "id" : "key_id"} = ANY($1::text[])`, [keyIds]);
@@ -78,9 +112,9 @@ function declaration(): Record<string, unknown> {
  * A client's payment echoing whatever `resource` and `extensions` it likes, sent to a router's
  * /verify or /settle (with an API key when given): the answer and the catalog's outcome header.
  */
-async function declare(action: "verify" | "settle", resource: Record<string, unknown>, opts: { extensions?: Record<string, unknown>; payTo?: Address; key?: string; via?: RunningRouter } = {}) {
+async function declare(action: "verify" | "settle", resource: Record<string, unknown>, opts: { extensions?: Record<string, unknown>; payTo?: Address; amount?: string; key?: string; via?: RunningRouter } = {}) {
   const usdc = usdcOf();
-  const requirements = { scheme: "exact", network: "eip155:8453" as const, asset: usdc.address, amount: "1000", payTo: opts.payTo ?? payTo(), maxTimeoutSeconds: 300, extra: { name: usdc.eip712!.name, version: usdc.eip712!.version } };
+  const requirements = { scheme: "exact", network: "eip155:8453" as const, asset: usdc.address, amount: opts.amount ?? "1000", payTo: opts.payTo ?? payTo(), maxTimeoutSeconds: 300, extra: { name: usdc.eip712!.name, version: usdc.eip712!.version } };
   const client = x402Client.fromConfig({ schemes: [{ network: "eip155:*", client: new ExactEvmClient(privateKeyToAccount(devnet.info.payers[1]!.privateKey)) }] });
   const paymentRequired = { x402Version: 2, resource, accepts: [requirements], extensions: opts.extensions ?? declaration() } as unknown as PaymentRequired;
   const paymentPayload = await client.createPaymentPayload(paymentRequired);
@@ -101,15 +135,35 @@ async function settled(resource: Record<string, unknown>, opts: Parameters<typeo
   const answer = await declare("settle", resource, opts);
   expect(answer.json.success, JSON.stringify(answer.json)).toBe(true);
   expect(await receiptStatus(rpcUrl(), answer.json.transaction!)).toBe("success");
-  expect(await balanceOf(rpcUrl(), usdcOf().address, to)).toBe(before + 1000n);
+  expect(await balanceOf(rpcUrl(), usdcOf().address, to)).toBe(before + BigInt(opts.amount ?? "1000"));
   return answer;
 }
 
-type EntryRow = { description: string | null; service_name: string | null; tags: string[] | null; icon_url: string | null; accepts: { payTo: string; amount: string }[]; accept_tenants: string[]; owner_pay_to: string; owner_tenant: string; last_updated: Date };
+/** How many declarations a router has checked against their resource (every result counted, skips too). */
+async function checks(via: RunningRouter = router): Promise<number> {
+  const text = await (await fetch(`${via.adminUrl}/metrics`)).text();
+  return text.split("\n").filter((l) => l.startsWith("x402_discovery_verifications_total{")).reduce((sum, l) => sum + Number(l.split(" ").pop()), 0);
+}
+
+/** A settled declaration, and its check against the resource finished (the router counted it). */
+async function settledAndChecked(resource: Record<string, unknown>, opts: Parameters<typeof declare>[2] = {}) {
+  const before = await checks(opts.via);
+  const answer = await settled(resource, opts);
+  await until(async () => ((await checks(opts.via)) > before ? true : undefined), "the declaration's check against its resource");
+  return answer;
+}
+
+type EntryRow = { description: string | null; service_name: string | null; tags: string[] | null; icon_url: string | null; accepts: { payTo: string; amount: string; asset: string }[]; accept_tenants: string[]; accept_verified: boolean[]; owner_pay_to: string | null; owner_tenant: string; last_updated: Date };
 /** A resource's catalog row as stored (undefined when it is not catalogued). */
 async function entryRow(resource: string, on: Database = db): Promise<EntryRow | undefined> {
-  const [row] = await on.query<EntryRow>("SELECT description, service_name, tags, icon_url, accepts, accept_tenants, owner_pay_to, owner_tenant, last_updated FROM discovery_resources WHERE resource = $1", [resource]);
+  const [row] = await on.query<EntryRow>("SELECT description, service_name, tags, icon_url, accepts, accept_tenants, accept_verified, owner_pay_to, owner_tenant, last_updated FROM discovery_resources WHERE resource = $1", [resource]);
   return row;
+}
+
+/** Every column of a resource's row, as text: equal means byte-identical. */
+async function wholeRow(resource: string): Promise<string | undefined> {
+  const [row] = await db.query<{ row: string }>("SELECT r::text AS row FROM discovery_resources r WHERE resource = $1", [resource]);
+  return row?.row;
 }
 
 describe("the discovery catalog (bazaar)", () => {
@@ -135,6 +189,7 @@ describe("the discovery catalog (bazaar)", () => {
       const s = app.listen(0, "127.0.0.1", () => resolve(s));
     });
     const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/weather?city=Paris`;
+    hosts[host] = `http://127.0.0.1:${(server.address() as AddressInfo).port}`; // the router proves the declaration against this server
 
     expect((await postJson(`${router.url}/supported`, undefined, { method: "GET" })).json.extensions).toContain("bazaar");
     expect((await bazaar().listResources({ payTo: payTo(), type: "http" })).items.filter((i) => i.resource.includes(run))).toEqual([]);
@@ -220,15 +275,21 @@ describe("the discovery catalog (bazaar)", () => {
     expect(all.filter((r) => r.includes(run) && !r.startsWith(`https://${host}`))).toEqual([poisoned]);
   });
 
-  it("a declaration of another's resource URL: /verify writes nothing; settled, it only appends its own payment option after the owner's", async () => {
+  it("a declaration of another's resource URL: /verify writes nothing; settled, it is unproven: paying the owner's payTo rewrites nothing, its own payTo only appends", async () => {
     const resource = `https://owned-${run}.example.com/api`;
     const owner = { url: resource, description: "The owner's API", serviceName: "Owner Co", tags: ["owned"], iconUrl: `https://owned-${run}.example.com/icon.png` };
-    expect((await settled(owner)).bazaar).toEqual({ status: "success" });
+    expect((await settledAndChecked(owner)).bazaar).toEqual({ status: "success" });
     const before = (await entryRow(resource))!;
-    expect(before).toMatchObject({ description: "The owner's API", service_name: "Owner Co", tags: ["owned"], owner_pay_to: payTo().toLowerCase(), owner_tenant: "" });
+    // Its resource answers no 402 (a 404 here): the entry is listed with its first declaration's text, owned by no one.
+    expect(before).toMatchObject({ description: "The owner's API", service_name: "Owner Co", tags: ["owned"], owner_pay_to: null, owner_tenant: "", accept_verified: [false] });
 
     const attacker = privateKeyToAccount(generatePrivateKey()).address;
     const hostile = { url: resource, description: `Pay me instead ${run}`, serviceName: "Evil Co", tags: ["evil"], iconUrl: `https://evil-${run}.example.com/icon.png` };
+    // C1: a payer of the owner's payTo (1 atomic unit, landed on chain) with its own text: not one byte of the row changes, the listed price included.
+    const snapshot = await wholeRow(resource);
+    expect((await settledAndChecked(hostile, { amount: "1" })).bazaar).toEqual({ status: "success" });
+    expect(await wholeRow(resource)).toBe(snapshot);
+
     // Only verified: a valid payment, nothing sent (the signers' pending nonces stay), nothing catalogued.
     const network = devnet.info.networks[0]!;
     const nonces = await Promise.all(network.signers.map((s) => nonceOf(rpcUrl(), s, "pending")));
@@ -241,40 +302,104 @@ describe("the discovery catalog (bazaar)", () => {
     expect(await entryRow(resource)).toEqual(before);
     expect(await entryRow(fresh)).toBeUndefined();
 
-    // Settled (the attacker was paid on chain): its option is appended; the owner's text, freshness and first place stay.
-    expect((await settled(hostile, { payTo: attacker })).bazaar).toEqual({ status: "success" });
+    // Settled to its own payTo (paid on chain): its option is appended; the entry's text, freshness and first option stay.
+    expect((await settledAndChecked(hostile, { payTo: attacker })).bazaar).toEqual({ status: "success" });
     const after = (await entryRow(resource))!;
-    expect(after).toMatchObject({ description: before.description, service_name: before.service_name, tags: before.tags, icon_url: before.icon_url, owner_pay_to: before.owner_pay_to, last_updated: before.last_updated });
+    expect(after).toMatchObject({ description: before.description, service_name: before.service_name, tags: before.tags, icon_url: before.icon_url, owner_pay_to: null, last_updated: before.last_updated });
     expect(after.accepts.map((a) => a.payTo)).toEqual([payTo(), attacker]);
     expect(after.accepts[0]).toEqual(before.accepts[0]);
     expect((await bazaar().search({ query: `pay me instead ${run}` })).resources).toEqual([]);
 
-    // The owner's next declaration updates its own text; its option stays first, the other's stays after it.
-    await settled({ ...owner, description: "The owner's API, second edition" });
-    const refreshed = (await entryRow(resource))!;
-    expect(refreshed.description).toBe("The owner's API, second edition");
-    expect(refreshed.accepts.map((a) => a.payTo)).toEqual([payTo(), attacker]);
+    // Unproven, the first declarer's own next declaration rewrites nothing either: the text is write-once until the resource vouches for someone.
+    await settledAndChecked({ ...owner, description: "The owner's API, second edition" });
+    expect(await entryRow(resource)).toEqual(after);
+  });
+
+  it("C1: once the resource vouched for its payee, a payer of that payTo declaring its own text and a price of 1 changes not one byte of the row", async () => {
+    const resource = `https://${svcHost}/c1`;
+    // The owner's payment: recorded from its echo, then proven by the resource's own 402 answer, whose text and price are what the entry keeps.
+    expect((await settledAndChecked({ url: resource, description: "the owner's echo" })).bazaar).toEqual({ status: "success" });
+    const owned = (await entryRow(resource))!;
+    expect(owned).toMatchObject({ description: "The real C1 API", service_name: "Real Co", tags: ["real"], owner_pay_to: payTo().toLowerCase(), accept_verified: [true] });
+    expect(owned.accepts).toEqual([expect.objectContaining({ payTo: payTo(), amount: "1000" })]);
+    const snapshot = await wholeRow(resource);
+
+    // The attack: 1 atomic unit to the owner's payTo (landed on chain), the victim's URL (a query of its own, so the router checks again), hostile text.
+    const hostile = { url: `${resource}?c1=${run}`, description: `Pay me instead ${run}`, serviceName: "Evil Co", tags: ["evil"], iconUrl: `https://evil-${run}.example.com/icon.png` };
+    expect((await settledAndChecked(hostile, { amount: "1" })).bazaar).toEqual({ status: "success" });
+    expect(await wholeRow(resource)).toBe(snapshot);
+    expect((await bazaar().search({ query: `pay me instead ${run}` })).resources).toEqual([]);
+  });
+
+  it("C2: a squatter's first declaration (paid to itself) is taken over by the real service once its resource vouches for it: its text, its option first", async () => {
+    const resource = `https://${svcHost}/c2`;
+    const squatter = privateKeyToAccount(generatePrivateKey()).address;
+    expect((await settledAndChecked({ url: resource, description: `Squatted ${run}`, serviceName: "Squat Co" }, { payTo: squatter })).bazaar).toEqual({ status: "success" });
+    // The resource lists another payee: the squatter's text is listed but owned by no one.
+    expect(await entryRow(resource)).toMatchObject({ description: `Squatted ${run}`, owner_pay_to: null, accept_verified: [false] });
+
+    expect((await settledAndChecked({ url: resource, description: "the real service's echo" }, { payTo: realPayee })).bazaar).toEqual({ status: "success" });
+    const taken = (await entryRow(resource))!;
+    expect(taken).toMatchObject({ description: "The real C2 API", service_name: "Real Co", tags: ["real"], owner_pay_to: realPayee.toLowerCase(), accept_verified: [true, false] });
+    expect(taken.accepts.map((a) => a.payTo)).toEqual([realPayee, squatter]);
+    expect((await bazaar().search({ query: `squatted ${run}` })).resources).toEqual([]);
+
+    // The squatter again, with new text and a new price for its listed option: nothing changes.
+    const snapshot = await wholeRow(resource);
+    expect((await settledAndChecked({ url: resource, description: `Squatted again ${run}` }, { payTo: squatter, amount: "1" })).bazaar).toEqual({ status: "success" });
+    expect(await wholeRow(resource)).toBe(snapshot);
+  });
+
+  it("a declarer whose resource does not answer 402 with its payTo never owns the entry nor rewrites it", async () => {
+    const liar = privateKeyToAccount(generatePrivateKey()).address;
+    const listed = `https://${svcHost}/liar`; // answers 402, to another payee
+    const free = `https://${svcHost}/free`; // answers 200
+    for (const resource of [listed, free]) {
+      expect((await settledAndChecked({ url: resource, description: `First claim ${run}` }, { payTo: liar })).bazaar).toEqual({ status: "success" });
+      const first = (await entryRow(resource))!;
+      expect(first).toMatchObject({ description: `First claim ${run}`, owner_pay_to: null, accept_verified: [false] });
+      const second = privateKeyToAccount(generatePrivateKey()).address;
+      expect((await settledAndChecked({ url: resource, description: `Second claim ${run}` }, { payTo: second })).bazaar).toEqual({ status: "success" });
+      const after = (await entryRow(resource))!;
+      expect(after).toMatchObject({ description: first.description, owner_pay_to: null, accept_verified: [false, false], last_updated: first.last_updated });
+      expect(after.accepts.map((a) => a.payTo)).toEqual([liar, second]);
+    }
+    expect(liarsPayee).not.toBe(liar);
   });
 
   it("with API keys, an entry is its tenant's: another tenant paid to the same payTo changes nothing of it", async () => {
     const [a, b] = [await keys.create(`discovery-a-${run}`), await keys.create(`discovery-b-${run}`)];
     keyIds.push(a.info.id, b.info.id);
     const resource = `https://tenant-${run}.example.com/api`;
-    expect((await settled({ url: resource, description: "Tenant A's API", serviceName: "A Co" }, { key: a.key, via: keyedRouter })).bazaar).toEqual({ status: "success" });
+    expect((await settledAndChecked({ url: resource, description: "Tenant A's API", serviceName: "A Co" }, { key: a.key, via: keyedRouter })).bazaar).toEqual({ status: "success" });
     const before = (await entryRow(resource))!;
-    expect(before).toMatchObject({ owner_tenant: a.info.id, owner_pay_to: payTo().toLowerCase(), accept_tenants: [a.info.id] });
+    expect(before).toMatchObject({ owner_tenant: "", owner_pay_to: null, accept_tenants: [a.info.id], accept_verified: [false] });
 
     // Same URL, same payTo, another tenant: paid on chain, refused by the catalog, the row untouched.
-    const sameOption = await settled({ url: resource, description: "Tenant B's takeover", serviceName: "B Co" }, { key: b.key, via: keyedRouter });
+    const sameOption = await settledAndChecked({ url: resource, description: "Tenant B's takeover", serviceName: "B Co" }, { key: b.key, via: keyedRouter });
     expect(sameOption.bazaar).toMatchObject({ status: "rejected", rejectedReason: expect.stringContaining("another declarer") });
     expect(await entryRow(resource)).toEqual(before);
     // Its own payee: appended after tenant A's option, under its own name.
     const other = privateKeyToAccount(generatePrivateKey()).address;
-    expect((await settled({ url: resource, description: "Tenant B's takeover" }, { key: b.key, via: keyedRouter, payTo: other })).bazaar).toEqual({ status: "success" });
+    expect((await settledAndChecked({ url: resource, description: "Tenant B's takeover" }, { key: b.key, via: keyedRouter, payTo: other })).bazaar).toEqual({ status: "success" });
     const after = (await entryRow(resource))!;
     expect(after).toMatchObject({ description: "Tenant A's API", service_name: "A Co", last_updated: before.last_updated, accept_tenants: [a.info.id, b.info.id] });
     expect(after.accepts.map((x) => x.payTo)).toEqual([payTo(), other]);
   });
+
+  it("with API keys, a tenant squats too: the tenant whose payee the resource lists takes the entry over", async () => {
+    const [real, squatting] = [await keys.create(`discovery-real-${run}`), await keys.create(`discovery-squat-${run}`)];
+    keyIds.push(real.info.id, squatting.info.id);
+    const resource = `https://${svcHost}/c3`;
+    const squatter = privateKeyToAccount(generatePrivateKey()).address;
+    expect((await settledAndChecked({ url: resource, description: `Tenant squat ${run}` }, { key: squatting.key, via: keyedRouter, payTo: squatter })).bazaar).toEqual({ status: "success" });
+    expect(await entryRow(resource)).toMatchObject({ description: `Tenant squat ${run}`, owner_pay_to: null, owner_tenant: "", accept_tenants: [squatting.info.id] });
+    expect((await settledAndChecked({ url: resource }, { key: real.key, via: keyedRouter, payTo: realPayee })).bazaar).toEqual({ status: "success" });
+    const taken = (await entryRow(resource))!;
+    expect(taken).toMatchObject({ description: "The real C3 API", owner_pay_to: realPayee.toLowerCase(), owner_tenant: real.info.id, accept_tenants: [real.info.id, squatting.info.id], accept_verified: [true, false] });
+    expect(taken.accepts.map((x) => x.payTo)).toEqual([realPayee, squatter]);
+  });
+
 
   it("a resource nobody paid for in the retention period is pruned; fresh ones stay", async () => {
     const stale = `https://stale-${run}.example.com/x`;
@@ -304,42 +429,50 @@ describe.each(["postgres", "embedded"] as const)("catalog ownership on %s", (eng
   const paymentFor = (url: string, description: string, to: string) => ({ x402Version: 2, resource: { url, description }, accepted: requirementsFor(to), payload: {}, extensions: declaration() }) as unknown as PaymentPayload;
   const addressOf = (i: number) => `0x${(i + 1).toString(16).padStart(40, "0")}`;
 
-  it("of concurrent first declarations exactly one owns the entry; the others' options follow, at most MAX_OTHER_ACCEPTS of them, the owner's fields untouched", async () => {
+  it("of concurrent first declarations exactly one writes the entry, owned by no one; the others' options follow, at most MAX_UNPROVEN_ACCEPTS unproven ones; only proofs rewrite, re-price and come first", async () => {
     const catalog = createCatalog(store);
     const resource = `https://race-${engine}-${run}.example.com/api`;
     const declarers = Array.from({ length: 4 }, (_, i) => addressOf(i));
     const outcomes = await Promise.all(declarers.map((to) => catalog.record(paymentFor(resource, `declared by ${to}`, to), requirementsFor(to))));
     expect(outcomes.every((o) => o?.status === "success")).toBe(true);
     const raced = (await entryRow(resource, store))!;
-    const owner = raced.owner_pay_to;
-    expect(declarers).toContain(owner);
-    expect(raced.description).toBe(`declared by ${owner}`);
-    expect(raced.accepts[0]!.payTo).toBe(owner);
+    const first = raced.accepts[0]!.payTo;
+    expect(declarers).toContain(first);
+    expect(raced).toMatchObject({ description: `declared by ${first}`, owner_pay_to: null, accept_verified: [false, false, false, false] });
     expect(raced.accepts.map((a) => a.payTo).sort()).toEqual([...declarers].sort());
 
-    // A flood of other payees: bounded, and the owner's entry stays as it was.
-    const flood = Array.from({ length: MAX_OTHER_ACCEPTS + 4 }, (_, i) => addressOf(100 + i));
+    // A flood of other payees: bounded, and the entry's text stays as it was.
+    const flood = Array.from({ length: MAX_UNPROVEN_ACCEPTS + 4 }, (_, i) => addressOf(100 + i));
     const floodOutcomes = [];
     for (const to of flood) floodOutcomes.push(await catalog.record(paymentFor(resource, "flood", to), requirementsFor(to)));
-    expect(floodOutcomes.filter((o) => o?.status === "success")).toHaveLength(MAX_OTHER_ACCEPTS - (declarers.length - 1));
+    expect(floodOutcomes.filter((o) => o?.status === "success")).toHaveLength(MAX_UNPROVEN_ACCEPTS - declarers.length);
     const flooded = (await entryRow(resource, store))!;
-    expect(flooded.accepts).toHaveLength(1 + MAX_OTHER_ACCEPTS);
+    expect(flooded.accepts).toHaveLength(MAX_UNPROVEN_ACCEPTS);
     expect(flooded.accepts.slice(0, raced.accepts.length)).toEqual(raced.accepts);
-    expect(flooded).toMatchObject({ description: raced.description, owner_pay_to: owner, last_updated: raced.last_updated });
+    expect(flooded).toMatchObject({ description: raced.description, owner_pay_to: null, last_updated: raced.last_updated });
 
-    // Another declarer refreshing its own option changes its amount only, in its place.
+    // Unproven, nobody re-prices a listed option or rewrites the text, not even the first declarer.
     const second = raced.accepts[1]!.payTo;
-    expect(await catalog.record(paymentFor(resource, "again", second), requirementsFor(second, "2000"))).toEqual({ status: "success" });
-    const refreshed = (await entryRow(resource, store))!;
-    expect(refreshed.accepts[1]).toMatchObject({ payTo: second, amount: "2000" });
-    expect(refreshed.accepts.map((a) => a.payTo)).toEqual(flooded.accepts.map((a) => a.payTo));
-    expect(refreshed.description).toBe(raced.description);
-    // The owner still adds options of its own, ahead of everyone else's.
-    const ownerUsdt = { ...requirementsFor(owner), asset: "0xfde4C96c8593536E31F229EA8f37b2ADa2699bb2" };
-    expect(await catalog.record({ ...paymentFor(resource, "owner again", owner), accepted: ownerUsdt }, ownerUsdt)).toEqual({ status: "success" });
+    for (const to of [first, second]) expect(await catalog.record(paymentFor(resource, "again", to), requirementsFor(to, "1"))).toEqual({ status: "success" });
+    expect(await entryRow(resource, store)).toEqual(flooded);
+
+    // The resource vouches for the second payee: it owns the entry, its text and price are the proof's, its option comes first.
+    expect(await catalog.record(paymentFor(resource, "proven", second), requirementsFor(second, "2000"), {}, { verified: true })).toEqual({ status: "success" });
+    const proven = (await entryRow(resource, store))!;
+    expect(proven).toMatchObject({ description: "proven", owner_pay_to: second, accept_verified: [true, ...Array<boolean>(MAX_UNPROVEN_ACCEPTS - 1).fill(false)] });
+    expect(proven.accepts[0]).toMatchObject({ payTo: second, amount: "2000" });
+    expect(proven.accepts.slice(1)).toEqual(flooded.accepts.filter((a) => a.payTo !== second));
+    // The proven option has left the unproven ones: one more unproven option fits.
+    expect(await catalog.record(paymentFor(resource, "one more", addressOf(200)), requirementsFor(addressOf(200)))).toEqual({ status: "success" });
+    // Another proven option (the owner's second asset) joins the proven ones, ahead of the rest; the owner stays.
+    const usdt = { ...requirementsFor(first), asset: "0xfde4C96c8593536E31F229EA8f37b2ADa2699bb2" };
+    expect(await catalog.record({ ...paymentFor(resource, "proven again", first), accepted: usdt }, usdt, {}, { verified: true })).toEqual({ status: "success" });
     const grown = (await entryRow(resource, store))!;
-    expect(grown.accepts.slice(0, 2).map((a) => a.payTo)).toEqual([owner, owner]);
-    expect(grown.accepts.slice(2)).toEqual(refreshed.accepts.slice(1));
-    expect(grown.description).toBe("owner again");
+    expect(grown.accepts.slice(0, 2).map((a) => [a.payTo, a.asset])).toEqual([[second, proven.accepts[0]!.asset], [first, usdt.asset]]);
+    expect(grown).toMatchObject({ description: "proven again", owner_pay_to: second, accept_verified: [true, true, ...Array<boolean>(MAX_UNPROVEN_ACCEPTS).fill(false)] });
+    // A proof that changes nothing writes nothing.
+    const [before] = await store.query<{ row: string }>("SELECT r::text AS row FROM discovery_resources r WHERE resource = $1", [resource]);
+    expect(await catalog.record({ ...paymentFor(resource, "proven again", first), accepted: usdt }, usdt, {}, { verified: true })).toEqual({ status: "success" });
+    expect(await store.query("SELECT r::text AS row FROM discovery_resources r WHERE resource = $1", [resource])).toEqual([before]);
   });
 });

@@ -3,12 +3,16 @@
 // nothing), and served by the router at GET /v2/discovery/resources and /v2/discovery/search from
 // the database its replicas share.
 //
-// An entry belongs to its first declarer (the payTo that was paid, and the API key's tenant when
-// keys are on): only the owner's declarations change its description, name, tags, icon and
-// extensions, and the owner's payment options come first in `accepts`. Another declarer of the
-// same URL (a resource paid on two networks with two payees, or someone else's claim on it) gets
-// its own payment option appended after them, bounded per entry; it never reorders or overwrites
-// an option it does not own.
+// A payment proves who paid and who was paid, never who runs the resource: anyone can pay a
+// service's payTo, or pay itself, and declare any URL. So a settled declaration is *unproven*: it
+// creates an entry that does not exist yet (its text is then write-once, owned by no one) or
+// appends its own payment option to one that does (at most 8 unproven options per entry); it never
+// rewrites an entry's fields, freshness or any option already listed. An entry is *owned* only once
+// the resource itself vouched for a declarer: the router fetched the URL and its own 402 answer
+// listed the payee that was paid (services/discovery/verification.ts). What such a proof writes is
+// the resource's own answer (its description, metadata, declaration and the option as it prices
+// it), never the declarer's echo; proven options come first in `accepts`; an entry nobody proved
+// is taken over by the first proof.
 //
 // Declarations come from untrusted clients (they echo the resource server's 402 body), so every
 // value passes the specification's rules before it is stored: `info` must match its own schema and
@@ -64,11 +68,27 @@ export const DISCOVERY_MIGRATIONS: Migration[] = [
     ALTER TABLE discovery_resources ADD COLUMN IF NOT EXISTS accept_tenants text[] NOT NULL DEFAULT '{}';
     UPDATE discovery_resources SET owner_pay_to = lower(accepts->0->>'payTo'), accept_tenants = array_fill(''::text, ARRAY[jsonb_array_length(accepts)]) WHERE owner_pay_to IS NULL`,
   },
+  {
+    // Which options the resource itself vouched for (parallel to accepts). An owner is now only a
+    // declarer the resource vouched for: the owners credited before were never proven, so none remain.
+    id: "discovery/003_proven_options",
+    sql: `ALTER TABLE discovery_resources ADD COLUMN IF NOT EXISTS accept_verified boolean[] NOT NULL DEFAULT '{}';
+    UPDATE discovery_resources SET owner_pay_to = NULL, owner_tenant = '', accept_verified = array_fill(false, ARRAY[jsonb_array_length(accepts)])`,
+  },
 ];
 
 /** Who declared a resource: the payee that was paid, and the tenant (API key id) when keys are on. */
 export interface Declarer {
   tenant?: string;
+}
+
+/**
+ * Whether the resource itself vouched for this declaration: its own 402 answer, fetched by the
+ * router, listed the payee that was paid. The payload and requirements recorded are then the
+ * resource's answer, not the declarer's.
+ */
+export interface Proof {
+  verified: boolean;
 }
 
 /** What the resource server is told about its declaration (the spec's EXTENSION-RESPONSES `bazaar` key). */
@@ -90,8 +110,11 @@ export interface SearchParams extends Omit<ListParams, "offset"> {
 }
 
 export interface Catalog {
-  /** Records a settled payment's declaration for its declarer; undefined when the payment declared none. Never throws for bad input. */
-  record(payload: PaymentPayload, requirements: PaymentRequirements, declarer?: Declarer): Promise<CatalogOutcome | undefined>;
+  /**
+   * Records a settled payment's declaration for its declarer (unproven unless `proof` says the
+   * resource vouched for it); undefined when the payment declared none. Never throws for bad input.
+   */
+  record(payload: PaymentPayload, requirements: PaymentRequirements, declarer?: Declarer, proof?: Proof): Promise<CatalogOutcome | undefined>;
   list(params: ListParams): Promise<DiscoveryResourcesResponse>;
   search(params: SearchParams): Promise<SearchDiscoveryResourcesResponse>;
   /** Drops resources no payment has refreshed for `maxAgeMs` (a resource that is gone stops being listed); returns how many. */
@@ -103,10 +126,12 @@ export const DEFAULT_CATALOG_MAX_AGE_MS = 30 * 24 * 3_600_000;
 
 export const MAX_PAGE = 100;
 const MAX_CURSOR_OFFSET = 1_000_000;
-/** The owner's payment options per entry. */
-const MAX_ACCEPTS = 16;
-/** Other declarers' payment options per entry: a flood of claims on one URL stays this small. */
-export const MAX_OTHER_ACCEPTS = 8;
+/** Payment options the resource vouched for, per entry. */
+const MAX_PROVEN_ACCEPTS = 16;
+/** Unproven payment options per entry: a flood of claims on one URL stays this small. */
+export const MAX_UNPROVEN_ACCEPTS = 8;
+/** A proof that changes nothing rewrites the entry only to refresh it, at most this often. */
+const PROVEN_REFRESH_MS = 3_600_000;
 const MAX_TEXT = 512;
 /** The echoed extensions of one resource, serialised; a bigger declaration is refused, not truncated. */
 const MAX_EXTENSIONS_BYTES = 16 * 1024;
@@ -181,7 +206,7 @@ function offsetOf(cursor: string | undefined): number {
   }
 }
 
-type EntryOwners = { accepts: PaymentRequirements[]; accept_tenants: string[]; owner_pay_to: string | null; owner_tenant: string };
+type Options = { accepts: PaymentRequirements[]; tenants: string[]; verified: boolean[] };
 
 /** The accepts column and the filter columns derived from it. */
 function acceptColumns(accepts: PaymentRequirements[]): [string, string[], string[], string[]] {
@@ -189,37 +214,37 @@ function acceptColumns(accepts: PaymentRequirements[]): [string, string[], strin
 }
 
 /**
- * Where a declarer's payment option goes in an entry's `accepts`: one option per (scheme, network,
- * asset, payTo), refreshed in place by the tenant that listed it and by no one else; a new option of
- * the owner's joins the owner's, which come first; anyone else's is appended. Nothing already
- * listed moves or changes for another declarer.
+ * Where a declarer's payment option goes in an entry's `accepts`, one option per (scheme, network,
+ * asset, payTo). Unproven: a new option is appended, one already listed never changes (a price
+ * change waits for the resource's own word), and another tenant's is refused. Proven: the option as
+ * the resource prices it joins the proven ones, which come first; it replaces an unproven listing
+ * of the same option, wherever it was.
  */
-function placeAccept(entry: EntryOwners, accepted: PaymentRequirements, tenant: string, owner: boolean): { accepts: PaymentRequirements[]; tenants: string[] } | { refused: string } {
-  const accepts = [...entry.accepts];
-  const tenants = accepts.map((_, i) => entry.accept_tenants[i] ?? "");
+function placeAccept(entry: Options, accepted: PaymentRequirements, tenant: string, verified: boolean): Options | { refused: string } {
   const same = (a: PaymentRequirements) => a.scheme === accepted.scheme && a.network === accepted.network && a.asset.toLowerCase() === accepted.asset.toLowerCase() && a.payTo.toLowerCase() === accepted.payTo.toLowerCase();
-  const listed = accepts.findIndex(same);
-  if (listed >= 0) {
-    if (tenants[listed] !== tenant) return { refused: "this payment option is listed for this resource by another declarer" };
-    accepts[listed] = accepted;
-    return { accepts, tenants };
+  const listed = entry.accepts.findIndex(same);
+  if (!verified) {
+    if (listed >= 0) return entry.tenants[listed] === tenant ? entry : { refused: "this payment option is listed for this resource by another declarer" };
+    if (entry.verified.filter((v) => !v).length >= MAX_UNPROVEN_ACCEPTS) return { refused: `this resource lists ${MAX_UNPROVEN_ACCEPTS} payment options its resource has not confirmed already` };
+    return { accepts: [...entry.accepts, accepted], tenants: [...entry.tenants, tenant], verified: [...entry.verified, false] };
   }
-  const ownersOf = accepts.map((a, i) => a.payTo.toLowerCase() === entry.owner_pay_to && tenants[i] === entry.owner_tenant);
-  const ownerCount = ownersOf.filter(Boolean).length;
-  if (owner) {
-    if (ownerCount >= MAX_ACCEPTS) return { refused: `this resource lists ${MAX_ACCEPTS} payment options of its declarer already` };
-    const at = ownersOf.lastIndexOf(true) + 1;
-    accepts.splice(at, 0, accepted);
-    tenants.splice(at, 0, tenant);
-    return { accepts, tenants };
+  if (listed >= 0 && entry.verified[listed]) {
+    const at = (xs: unknown[], v: unknown) => xs.map((x, i) => (i === listed ? v : x));
+    return { accepts: at(entry.accepts, accepted) as PaymentRequirements[], tenants: at(entry.tenants, tenant) as string[], verified: entry.verified };
   }
-  if (accepts.length - ownerCount >= MAX_OTHER_ACCEPTS) return { refused: `this resource lists ${MAX_OTHER_ACCEPTS} payment options of other declarers already` };
-  return { accepts: [...accepts, accepted], tenants: [...tenants, tenant] };
+  const others = (xs: unknown[]) => xs.filter((_, i) => i !== listed);
+  const [accepts, tenants, flags] = [others(entry.accepts) as PaymentRequirements[], others(entry.tenants) as string[], others(entry.verified) as boolean[]];
+  const proven = flags.filter(Boolean).length; // proven options are the first ones
+  if (proven >= MAX_PROVEN_ACCEPTS) return { refused: `this resource lists ${MAX_PROVEN_ACCEPTS} payment options it confirmed already` };
+  accepts.splice(proven, 0, accepted);
+  tenants.splice(proven, 0, tenant);
+  flags.splice(proven, 0, true);
+  return { accepts, tenants, verified: flags };
 }
 
 export function createCatalog(db: Database): Catalog {
   return {
-    async record(payload, requirements, declarer = {}) {
+    async record(payload, requirements, declarer = {}, proof = { verified: false }) {
       const declared = (payload.extensions as Record<string, unknown> | undefined)?.[BAZAAR.key];
       if (declared === undefined) return undefined;
       if (!declared || typeof declared !== "object") return { status: "rejected", rejectedReason: "the bazaar extension is not an object" };
@@ -257,33 +282,43 @@ export function createCatalog(db: Database): Catalog {
       const searchText = [http.resourceUrl, description, http.serviceName, ...(http.tags ?? []), tool].filter(Boolean).join(" ").toLowerCase();
       const tenant = declarer.tenant ?? "";
       const fields = [type, payload.x402Version, Object.keys(extensions), description ?? null, boundedText(http.mimeType) ?? null, http.serviceName ?? null, http.tags ?? [], http.iconUrl ?? null, JSON.stringify(extensions), searchText];
+      const verified = proof.verified;
       return db.transaction(async (tx) => {
-        // The first settled declaration creates the entry and owns it; of concurrent first ones, one insert wins.
+        // The first settled declaration creates the entry (owned only when proven); of concurrent first ones, one insert wins.
         const created = await tx.query(
           `INSERT INTO discovery_resources (resource, tool, type, x402_version, extension_keys, description, mime_type, service_name, tags, icon_url, extensions, search_text,
-             accepts, pay_to, schemes, networks, accept_tenants, owner_pay_to, owner_tenant, last_updated)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, $12, $13::jsonb, $14, $15, $16, $17, $18, $19, now())
+             accepts, pay_to, schemes, networks, accept_tenants, accept_verified, owner_pay_to, owner_tenant, last_updated)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, $12, $13::jsonb, $14, $15, $16, $17, $18, $19, $20, now())
            ON CONFLICT (resource, tool) DO NOTHING RETURNING resource`,
-          [http.resourceUrl, tool, ...fields, ...acceptColumns([accepted]), [tenant], accepted.payTo.toLowerCase(), tenant],
+          [http.resourceUrl, tool, ...fields, ...acceptColumns([accepted]), [tenant], [verified], verified ? accepted.payTo.toLowerCase() : null, verified ? tenant : ""],
         );
         if (created.length) return { status: "success" } as const;
-        const [entry] = await tx.query<EntryOwners>("SELECT accepts, accept_tenants, owner_pay_to, owner_tenant FROM discovery_resources WHERE resource = $1 AND tool = $2 FOR UPDATE", [http.resourceUrl, tool]);
+        const [entry] = await tx.query<{ accepts: PaymentRequirements[]; accept_tenants: string[]; accept_verified: boolean[]; owner_pay_to: string | null; owner_tenant: string }>(
+          "SELECT accepts, accept_tenants, accept_verified, owner_pay_to, owner_tenant FROM discovery_resources WHERE resource = $1 AND tool = $2 FOR UPDATE",
+          [http.resourceUrl, tool],
+        );
         if (!entry) return { status: "rejected", rejectedReason: "the entry was pruned meanwhile; the next payment retries" } as const;
-        const owner = entry.owner_pay_to === accepted.payTo.toLowerCase() && entry.owner_tenant === tenant;
-        const placed = placeAccept(entry, accepted, tenant, owner);
+        const listed: Options = { accepts: entry.accepts, tenants: entry.accepts.map((_, i) => entry.accept_tenants[i] ?? ""), verified: entry.accepts.map((_, i) => entry.accept_verified[i] ?? false) };
+        const placed = placeAccept(listed, accepted, tenant, verified);
         if ("refused" in placed) return { status: "rejected", rejectedReason: placed.refused } as const;
-        const options = [...acceptColumns(placed.accepts), placed.tenants];
-        if (owner) {
-          await tx.query(
-            `UPDATE discovery_resources SET type = $3, x402_version = $4, extension_keys = $5, description = $6, mime_type = $7, service_name = $8, tags = $9, icon_url = $10,
-               extensions = $11::jsonb, search_text = $12, accepts = $13::jsonb, pay_to = $14, schemes = $15, networks = $16, accept_tenants = $17, last_updated = now()
-             WHERE resource = $1 AND tool = $2`,
-            [http.resourceUrl, tool, ...fields, ...options],
-          );
-        } else {
-          // Someone else's declaration: its payment option only, never the owner's text or freshness.
-          await tx.query("UPDATE discovery_resources SET accepts = $3::jsonb, pay_to = $4, schemes = $5, networks = $6, accept_tenants = $7 WHERE resource = $1 AND tool = $2", [http.resourceUrl, tool, ...options]);
+        const options = [...acceptColumns(placed.accepts), placed.tenants, placed.verified];
+        if (!verified) {
+          // Unproven: its own new option at most; never the entry's text, freshness or a listed option.
+          if (placed !== listed) await tx.query("UPDATE discovery_resources SET accepts = $3::jsonb, pay_to = $4, schemes = $5, networks = $6, accept_tenants = $7, accept_verified = $8 WHERE resource = $1 AND tool = $2", [http.resourceUrl, tool, ...options]);
+          return { status: "success" } as const;
         }
+        // The resource's own word: its text and option, the entry the first prover's if nobody proved it before.
+        const [ownerPayTo, ownerTenant] = entry.owner_pay_to === null ? [accepted.payTo.toLowerCase(), tenant] : [entry.owner_pay_to, entry.owner_tenant];
+        // A proof that changes nothing refreshes the entry at most hourly (a busy resource costs little).
+        await tx.query(
+          `UPDATE discovery_resources SET type = $3, x402_version = $4, extension_keys = $5, description = $6, mime_type = $7, service_name = $8, tags = $9, icon_url = $10,
+             extensions = $11::jsonb, search_text = $12, accepts = $13::jsonb, pay_to = $14, schemes = $15, networks = $16, accept_tenants = $17, accept_verified = $18,
+             owner_pay_to = $19, owner_tenant = $20, last_updated = now()
+           WHERE resource = $1 AND tool = $2 AND (last_updated < now() - ($21 || ' milliseconds')::interval
+             OR ROW(type, x402_version, extension_keys, description, mime_type, service_name, tags, icon_url, extensions, search_text, accepts, accept_tenants, accept_verified, owner_pay_to, owner_tenant)
+               IS DISTINCT FROM ROW($3::text, $4::integer, $5::text[], $6::text, $7::text, $8::text, $9::text[], $10::text, $11::jsonb, $12::text, $13::jsonb, $17::text[], $18::boolean[], $19::text, $20::text))`,
+          [http.resourceUrl, tool, ...fields, ...options, ownerPayTo, ownerTenant, String(PROVEN_REFRESH_MS)],
+        );
         return { status: "success" } as const;
       });
     },

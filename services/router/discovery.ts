@@ -3,14 +3,24 @@
 // resource costs the database little), tells the resource server the outcome in
 // EXTENSION-RESPONSES, and answers /v2/discovery/* from a short per-query cache in front of the
 // shared store.
+//
+// A declaration recorded with the answer is unproven (catalog.ts). After it, off the answer's path,
+// the router asks the resource itself whether it takes the payee that was paid
+// (discovery/verification.ts); when it does, the resource's own answer is recorded as proven. At
+// most one such check per (URL, option, tenant) a minute per replica and 16 at once: the next
+// payment retries a skipped one.
 import { createHash } from "node:crypto";
 import type { PaymentPayload, PaymentRequirements } from "@x402/core/types";
 import { MAX_PAGE, type Catalog, type CatalogOutcome, type Declarer, type ListParams } from "../discovery/catalog.ts";
+import type { ResourceVerifier } from "../discovery/verification.ts";
 import type { HandlerResult } from "../platform/http.ts";
 import type { Logger } from "../platform/logger.ts";
+import type { Metrics } from "../platform/metrics.ts";
 import { RequestError } from "../x402/errors.ts";
 
 const RECORD_EVERY_MS = 60_000;
+const VERIFY_EVERY_MS = 60_000;
+const MAX_VERIFYING = 16;
 const ANSWER_CACHE_MS = 1_000;
 const MAX_CACHED = 2_000;
 const MAX_OFFSET = 1_000_000;
@@ -21,6 +31,8 @@ export interface RouterDiscovery {
   afterSettlement(body: unknown, declarer: Declarer): Promise<Record<string, string> | undefined>;
   resources(query: Record<string, unknown>): Promise<HandlerResult>;
   search(query: Record<string, unknown>): Promise<HandlerResult>;
+  /** Stops starting checks and waits for those in flight (before the database closes). */
+  close(): Promise<void>;
 }
 
 /** Whether a request body declares the bazaar extension (cheap: no parsing beyond what is there). */
@@ -48,9 +60,39 @@ function filtersOf(query: Record<string, unknown>): ListParams {
   return Object.fromEntries(FILTERS.map((f) => [f, text(query, f)]).filter(([, v]) => v !== undefined));
 }
 
-export function createRouterDiscovery(catalog: Catalog, logger: Logger): RouterDiscovery {
+export function createRouterDiscovery(catalog: Catalog, logger: Logger, opts: { verifier?: ResourceVerifier; metrics?: Metrics } = {}): RouterDiscovery {
   const recorded = new Map<string, { at: number; outcome: CatalogOutcome }>();
   const answers = new Map<string, { at: number; body: unknown }>();
+  const checkedAt = new Map<string, number>();
+  const checking = new Set<Promise<void>>();
+  let closed = false;
+  const count = (result: string) => opts.metrics?.discoveryVerifications.inc({ result });
+
+  /** Asks the resource whether it takes the payee that was paid; if so, records its own answer as proven. Never throws, never awaited by a payment. */
+  function prove(paymentPayload: PaymentPayload, paid: PaymentRequirements, declarer: Declarer) {
+    const url = (paymentPayload.resource as { url?: unknown } | undefined)?.url;
+    if (!opts.verifier || typeof url !== "string") return;
+    const key = JSON.stringify([url, paid.scheme, paid.network, paid.asset.toLowerCase(), paid.payTo.toLowerCase(), declarer.tenant ?? ""]);
+    const last = checkedAt.get(key);
+    if (closed || (last !== undefined && Date.now() - last < VERIFY_EVERY_MS) || checking.size >= MAX_VERIFYING) return count("skipped");
+    if (checkedAt.size >= MAX_CACHED) checkedAt.clear();
+    checkedAt.set(key, Date.now());
+    const check = (async () => {
+      const proof = await opts.verifier!.verify(url, paid);
+      if (!proof.verified) return count(proof.reason);
+      const { paymentRequired, accepted } = proof;
+      // What is stored is the resource's answer, under the URL that was fetched: the declarer's echo plays no part.
+      const own = { x402Version: paymentRequired.x402Version, resource: { ...paymentRequired.resource, url }, accepted, payload: {}, extensions: paymentRequired.extensions } as PaymentPayload;
+      const outcome = await catalog.record(own, accepted, declarer, { verified: true });
+      count(outcome?.status === "success" ? "verified" : "rejected");
+    })()
+      .catch((e: unknown) => {
+        count("error");
+        logger.warn({ err: { name: (e as Error).name } }, "bazaar declaration not proven");
+      })
+      .finally(() => checking.delete(check));
+    checking.add(check);
+  }
 
   async function cached(key: string, fn: () => Promise<unknown>): Promise<HandlerResult> {
     const hit = answers.get(key);
@@ -87,6 +129,7 @@ export function createRouterDiscovery(catalog: Catalog, logger: Logger): RouterD
           outcome = { status: "rejected", rejectedReason: "the catalog could not be written; the next payment retries" };
         }
       }
+      prove(paymentPayload, paymentRequirements, declarer);
       return { "extension-responses": Buffer.from(JSON.stringify({ bazaar: outcome })).toString("base64") };
     },
 
@@ -100,6 +143,12 @@ export function createRouterDiscovery(catalog: Catalog, logger: Logger): RouterD
       if (q === undefined) throw new RequestError("invalid_request", "query is required (the words to search for)");
       const params = { ...filtersOf(query), query: q, limit: integer(query, "limit", 1, MAX_PAGE), cursor: text(query, "cursor", 100) };
       return cached(`s${JSON.stringify(params)}`, () => catalog.search(params));
+    },
+
+    async close() {
+      closed = true;
+      await opts.verifier?.close();
+      await Promise.allSettled([...checking]);
     },
   };
 }

@@ -11,6 +11,7 @@ import { readAdminTokenFile } from "../platform/admin-token.ts";
 import { watchRouterToken } from "../platform/router-token.ts";
 import { registerKeyAdmin } from "../tenants/admin-api.ts";
 import { DEFAULT_CATALOG_MAX_AGE_MS, DISCOVERY_MIGRATIONS, createCatalog } from "../discovery/catalog.ts";
+import { createResourceVerifier, type VerificationOptions } from "../discovery/verification.ts";
 import { watchRoutingTable } from "./routing-table.ts";
 
 export interface RouterConfig {
@@ -30,6 +31,12 @@ export interface RouterConfig {
   apiKeys?: boolean;
   /** Catalogue paid requests' bazaar declarations in `databaseUrl` and serve GET /v2/discovery/*. */
   discovery?: boolean;
+  /**
+   * How declarations are proven against the resource's own 402 answer (discovery/verification.ts):
+   * the fetch bound, and hosts fetched at another origin past the SSRF guard (tests, devnets; none
+   * by default, so loopback and private addresses stay unreachable).
+   */
+  discoveryVerification?: VerificationOptions;
   /** With API keys: the bootstrap admin token (a file, from a Secret) opening /admin/v1/* on the admin port. */
   adminTokenFile?: string;
   /** Requests held at once, per action: past it a 503 with Retry-After (unset: no cap). */
@@ -50,7 +57,8 @@ export async function startRouterService(config: RouterConfig, logger: Logger = 
     const keysDb = migrations.length ? life.own(await openDatabase({ url: config.databaseUrl, migrations })) : undefined;
     const apiKeys = keysDb && config.apiKeys ? createApiKeyStore(keysDb) : undefined;
     const catalog = keysDb && config.discovery ? createCatalog(keysDb) : undefined;
-    const discovery = catalog ? createRouterDiscovery(catalog, logger) : undefined;
+    // Owned after the database: closed first, so no proof is written to a closed database.
+    const discovery = catalog ? life.own(createRouterDiscovery(catalog, logger, { verifier: createResourceVerifier(config.discoveryVerification), metrics })) : undefined;
     const routerToken = config.routerTokenFile ? life.own(watchRouterToken(config.routerTokenFile, logger)) : undefined;
     const router = life.own(createRouter({ logger, metrics, apiKeys, discovery, routerToken }));
     // Hourly housekeeping of the shared database: old quota windows, resources nobody paid for in 30 days.
