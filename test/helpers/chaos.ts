@@ -182,6 +182,7 @@ function supervise(name: string, args: string[], env: Record<string, string>, lo
   let restartTimer: NodeJS.Timeout | undefined;
   const spawnOnce = () =>
     new Promise<void>((resolve, reject) => {
+      clearTimeout(restartTimer); // one process at a time: an asked start replaces a pending back-off restart
       const c = spawn(process.execPath, ["bin/x402-fleet.js", ...args], { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
       child = c;
       let tail = "";
