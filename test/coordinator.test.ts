@@ -342,6 +342,23 @@ describe("the settlement record: claimed → sent → succeeded | failed", () =>
     expect((await store.outboxForPayment(id)).length).toBe(3);
   });
 
+  it("a payment whose transaction was mined but never recorded (its recorder died) is found and recorded, as a retry would", async () => {
+    const store = createSettlementStore(db, network);
+    const id = "record-unrecorded";
+    expect(await store.claim(id, "d1", "exact", null, {}, "owner-u", 60_000)).toEqual({ claimed: true });
+    const row = await store.allocateAndStore(entry(id, "owner-u"), async () => 0, sign);
+    // Marked mined, then the process stopped before recording the payment.
+    await store.markMined(row.id, row.hash, true);
+    expect(await stateOf(id)).toMatchObject({ state: "sent" });
+    expect((await store.unrecordedMined()).map((r) => r.payment_id)).not.toContain(id); // touched just now: the request may still record it
+    await db.query(`UPDATE settlement_payments SET updated_at = now() - interval '1 minute' WHERE network = $1 AND payment_id = $2`, [network, id]);
+    const found = (await store.unrecordedMined()).find((r) => r.payment_id === id);
+    expect(found).toMatchObject({ id: row.id, mined_hash: row.hash, confirmed: true });
+    await store.recordMined(found!.payment_id, found!.id, found!.mined_hash, found!.confirmed);
+    expect(await stateOf(id)).toMatchObject({ state: "succeeded", response: { success: true, transaction: row.hash } });
+    expect((await store.unrecordedMined()).map((r) => r.payment_id)).not.toContain(id);
+  });
+
   it("the database refuses a final state without its answer, and an answer on a payment in flight", async () => {
     const store = createSettlementStore(db, network);
     await store.claim("record-2", "d", "exact", null, {}, "o", 60_000);

@@ -117,8 +117,14 @@ export function startReconciler(opts: ReconcilerOptions) {
       logger.warn({ err: (e as Error).name }, "could not check mined transactions for reorgs; will retry");
       return -1;
     });
+    await recordUnrecorded().catch((e) => logger.warn({ err: (e as Error).name }, "could not record mined payments; will retry"));
     const countedSettled = await exportStats();
     quiet = store.soleWriter && rows.length === 0 && watched === 0 && countedSettled ? { stored: storedBefore, at: Date.now() } : undefined;
+  }
+
+  /** A payment whose transaction is mined but whose record still says sent gets its outcome recorded (what a retry would do). */
+  async function recordUnrecorded(): Promise<void> {
+    for (const row of await store.unrecordedMined()) await store.recordMined(row.payment_id, row.id, row.mined_hash, row.confirmed);
   }
 
   /** What one pass reads once and shares between its rows. */

@@ -749,6 +749,22 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     },
 
     /** Mined rows not yet `confirmations` deep: the reconciler checks they are still on chain. */
+    /**
+     * Payments still `sent` whose own transaction is mined (confirmed or reverted) with none of
+     * theirs open, untouched for a few seconds: their recorder stopped between the receipt and the
+     * record (a crash, the database going away), and no caller has retried since.
+     */
+    async unrecordedMined(limit = 100): Promise<{ payment_id: string; id: string; mined_hash: string; confirmed: boolean }[]> {
+      return db.query(
+        `SELECT p.payment_id, o.id::text AS id, o.mined_hash, o.state = 'confirmed' AS confirmed FROM settlement_payments p
+         JOIN settlement_outbox o ON o.network = p.network AND o.payment_id = p.payment_id AND o.state IN ('confirmed', 'reverted') AND o.mined_hash IS NOT NULL AND ${DECISIVE}
+         WHERE p.network = $1 AND p.state = 'sent' AND p.updated_at < now() - interval '5 seconds'
+           AND NOT EXISTS (SELECT 1 FROM settlement_outbox x WHERE x.network = p.network AND x.payment_id = p.payment_id AND x.state IN ('signed', 'broadcast') AND ${DECISIVE.replaceAll("o.", "x.")})
+         ORDER BY o.id DESC LIMIT $2`,
+        [network, limit],
+      );
+    },
+
     async watchedOutbox(signers: readonly string[], limit = 500): Promise<OutboxRow[]> {
       return db.query<OutboxRow>(`SELECT ${OUTBOX_COLUMNS} FROM settlement_outbox WHERE network = $1 AND watched AND signer = ANY($2) ORDER BY id LIMIT $3`, [network, signers, limit]);
     },
