@@ -154,6 +154,19 @@ export function facilitatorEnv(fn: FacilitatorNetwork): EnvVar[] {
   return env;
 }
 
+/**
+ * Probe timings of the facilitator pods, the chart's too (templates/_helpers.tpl "x402-fleet.probes").
+ * The admin port opens once the store is open and migrated: a facilitator creating its embedded
+ * store took 29 s on a real node, wallets 45 s on a loaded one; the startup window (2 s x 90 =
+ * 180 s) is four times the slowest. An embedded store runs on the event loop and may hold /healthz
+ * a moment: timeouts of 3 s (5 s for liveness), and a restart only after a minute without answers.
+ */
+export const PROBE_TIMINGS = {
+  startup: { periodSeconds: 2, timeoutSeconds: 3, failureThreshold: 90 },
+  readiness: { periodSeconds: 10, timeoutSeconds: 3, failureThreshold: 3 },
+  liveness: { periodSeconds: 20, timeoutSeconds: 5, failureThreshold: 3 },
+} as const;
+
 const DEFAULT_RESOURCES: { requests: Record<string, Quantity>; limits: Record<string, Quantity> } = {
   requests: { cpu: "100m", memory: "128Mi" },
   // The embedded store (PGlite) alone takes ~700 MiB; with spec.database (PostgreSQL) the pod needs ~200 MiB.
@@ -227,9 +240,9 @@ export function buildDeployment(fn: FacilitatorNetwork, opts: BuildOptions) {
               },
               // The facilitator serves only after its RPC answered with the right chain id; /readyz
               // also checks the RPC, a funded signer and the store.
-              startupProbe: { httpGet: { path: "/healthz", port: "admin" }, periodSeconds: 2, failureThreshold: 60 },
-              readinessProbe: { httpGet: { path: "/readyz", port: "admin" }, periodSeconds: 10, failureThreshold: 3 },
-              livenessProbe: { httpGet: { path: "/healthz", port: "admin" }, periodSeconds: 20, failureThreshold: 3 },
+              startupProbe: { httpGet: { path: "/healthz", port: "admin" }, ...PROBE_TIMINGS.startup },
+              readinessProbe: { httpGet: { path: "/readyz", port: "admin" }, ...PROBE_TIMINGS.readiness },
+              livenessProbe: { httpGet: { path: "/healthz", port: "admin" }, ...PROBE_TIMINGS.liveness },
               securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ["ALL"] } },
               volumeMounts: [
                 { name: "signer-keys", mountPath: SIGNER_MOUNT_PATH, readOnly: true },

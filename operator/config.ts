@@ -1,6 +1,6 @@
 // `x402-fleet operator`: flags and environment → options, checked before main.ts loads the
 // Kubernetes client and connects to anything.
-import { flagOrEnv, port, serviceCommand, stringFlags, type FlagValues } from "../services/platform/flags.ts";
+import { defineCommand, FlagError, flagOrEnv, port, serviceCommand, stringFlags, type FlagValues } from "../services/platform/flags.ts";
 
 const FLAGS = stringFlags("namespace", "watch-namespace", "facilitator-image", "host", "admin-port");
 
@@ -39,4 +39,34 @@ env: X402_ROUTING_CONFIGMAP, X402_CLUSTER_DOMAIN, X402_LEADER_ELECTION=false, X4
   flags: FLAGS,
   optionsFrom: operatorOptionsFrom,
   start: async (options, env) => (await import("./main.ts")).runOperatorCommand(options, env),
+});
+
+export const preUninstallCli = defineCommand({
+  name: "pre-uninstall",
+  summary: "before the operator is uninstalled (the chart's pre-delete hook): stop it, release its finalizers, delete its routing ConfigMap and Lease",
+  help: `  (no flags: configured by environment, as the chart's pre-delete hook sets it; docs/operator.md "Uninstalling")
+env: X402_OPERATOR_DEPLOYMENT (required), POD_NAMESPACE (the operator's namespace, else the service account's),
+  X402_WATCH_NAMESPACE (default: every namespace), X402_ROUTING_CONFIGMAP, X402_LEASE_NAME, KUBECONFIG
+`,
+  flags: {},
+  run: async (_flags, env) => {
+    const deployment = env.X402_OPERATOR_DEPLOYMENT;
+    if (!deployment) throw new FlagError("X402_OPERATOR_DEPLOYMENT (the operator's Deployment) is required");
+    const { KubeConfig } = await import("@kubernetes/client-node");
+    const { connect } = await import("./kube.ts");
+    const { operatorNamespace } = await import("./main.ts");
+    const { prepareUninstall } = await import("./uninstall.ts");
+    const { createLogger } = await import("../services/platform/logger.ts");
+    const kubeConfig = new KubeConfig();
+    kubeConfig.loadFromDefault();
+    await prepareUninstall({
+      kube: connect(kubeConfig),
+      namespace: operatorNamespace(undefined, env),
+      watchNamespace: env.X402_WATCH_NAMESPACE || undefined,
+      operatorDeployment: deployment,
+      routingConfigMap: env.X402_ROUTING_CONFIGMAP || "x402-fleet-routing",
+      leaseName: env.X402_LEASE_NAME || "x402-fleet-operator",
+      logger: createLogger("pre-uninstall"),
+    });
+  },
 });

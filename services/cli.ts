@@ -1,6 +1,6 @@
 // x402-fleet: one command, one subcommand per service. Each service owns its flags, help and option
 // checks (its config file, loaded without the service); this file only dispatches over the table.
-import { operatorCli } from "../operator/config.ts";
+import { operatorCli, preUninstallCli } from "../operator/config.ts";
 import { devnetCli, payCli } from "./devnet/config.ts";
 import { doctorCli, facilitatorCli } from "./facilitator/options.ts";
 import { hubCli, hubUploadCli } from "./hub/config.ts";
@@ -10,7 +10,7 @@ import { routerCli } from "./router/config.ts";
 import { apiKeyClis } from "./tenants/api-key-command.ts";
 import { walletsCli } from "./wallets/config.ts";
 
-export const COMMANDS: readonly Command[] = [devnetCli, facilitatorCli, routerCli, ...apiKeyClis, hubCli, walletsCli, operatorCli, doctorCli, hubUploadCli, payCli];
+export const COMMANDS: readonly Command[] = [devnetCli, facilitatorCli, routerCli, ...apiKeyClis, hubCli, walletsCli, operatorCli, preUninstallCli, doctorCli, hubUploadCli, payCli];
 
 const usage = () =>
   `x402-fleet <command> [options]   (x402-fleet <command> --help: its flags and environment)\n\ncommands:\n${COMMANDS.map((c) => `  ${c.name.padEnd(16)}${c.summary}\n`).join("")}`;

@@ -55,8 +55,34 @@ describe("the Dockerfile", () => {
     expect(of(runtime, "COPY")).toContain(`--from=${deps.name} /app/node_modules ./node_modules`);
     expect(of(runtime, "RUN")).toEqual([]); // nothing installed or built in the final image
     // The bundle the pods run (no TypeScript loader) is built beside the dependencies and copied.
-    expect(of(deps, "RUN")).toContain("node scripts/build.mjs");
+    expect(of(deps, "RUN").some((r) => r.startsWith("node scripts/build.mjs"))).toBe(true);
     expect(of(runtime, "COPY")).toContain(`--from=${deps.name} /app/dist ./dist`);
+  });
+
+  it("fails the dependencies stage where `npm ci` failed, even when npm exits 0 (\"Exit handler never called!\")", () => {
+    const install = of(all[0]!, "RUN").find((r) => r.includes("npm ci"))!;
+    // in the same RUN, after npm ci: npm's record of the tree and every direct dependency must be there
+    const check = install.slice(install.indexOf("npm ci"));
+    expect(check).toMatch(/^npm ci [^&]*&& node -e '[^']*process\.exit\(1\)/);
+    const script = /node -e '([^']*)'/.exec(check)![1]!;
+    expect(script).toContain("node_modules/.package-lock.json");
+    expect(script).toContain('require("./package.json").dependencies');
+  });
+
+  it("needs no BuildKit frontend from a registry (no `# syntax=` line)", () => {
+    expect(dockerfile).not.toMatch(/^#\s*syntax\s*=/m);
+  });
+
+  it("leaves the devnet-only packages out of the image, which only services/devnet loads", async () => {
+    const DEVNET_ONLY = ["@foundry-rs", "solc", "@uniswap/v4-periphery"];
+    const build = of(all[0]!, "RUN").find((r) => r.startsWith("node scripts/build.mjs"))!;
+    for (const p of DEVNET_ONLY) expect(build).toContain(`node_modules/${p}`);
+    expect(build.indexOf("rm -rf")).toBeGreaterThan(build.indexOf("node scripts/build.mjs")); // after the bundle is built
+    const { readdirSync } = await import("node:fs");
+    const sources = (dir: string): string[] =>
+      readdirSync(join(ROOT, dir), { withFileTypes: true }).flatMap((e) => (e.isDirectory() ? sources(`${dir}/${e.name}`) : e.name.endsWith(".ts") ? [`${dir}/${e.name}`] : []));
+    const loaders = [...sources("services"), ...sources("operator")].filter((f) => DEVNET_ONLY.some((p) => new RegExp(`["'\`]${p.replace("/", "\\/")}["'/]`).test(readFileSync(join(ROOT, f), "utf8"))));
+    expect(loaders.filter((f) => !f.startsWith("services/devnet/"))).toEqual([]);
   });
 
   it("runs the x402-fleet command as a non-root uid, the chart's", () => {
@@ -75,10 +101,15 @@ describe("the Dockerfile", () => {
     expect(builders).toContain(`args: ["facilitator"]`);
   });
 
-  it("keeps the writable places outside the root filesystem (TMPDIR and HOME on /tmp)", () => {
+  it("keeps the writable places outside the root filesystem (TMPDIR, HOME and the embedded stores' defaults on /tmp)", () => {
     const env = of(runtime, "ENV").join(" ");
     expect(env).toContain("TMPDIR=/tmp");
     expect(env).toContain("HOME=/tmp");
+    // the sources default to .data/... in the working directory, the read-only /app: each service's variable, set
+    for (const [variable, config] of [["X402_DATA_DIR", "services/facilitator/config.ts"], ["HUB_DATA_DIR", "services/hub/config.ts"], ["WALLETS_DATA_DIR", "services/wallets/config.ts"]] as const) {
+      expect(readFileSync(join(ROOT, config), "utf8")).toContain(`env.${variable}`);
+      expect(env).toMatch(new RegExp(`${variable}=/tmp/x402-fleet/\\w+`));
+    }
     expect(env).toContain('NODE_OPTIONS="--max-semi-space-size=4"'); // the young generation the bench measures with
   });
 

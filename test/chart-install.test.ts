@@ -2,18 +2,24 @@
 // (kube-apiserver, kube-controller-manager, kube-scheduler, a kwok node that turns pods Ready),
 // then the operator run as a local process with a TokenRequest token of the chart's own
 // operator ServiceAccount, so kube-apiserver enforces exactly the chart's RBAC: the operator
-// reaches Ready with it, and requests outside its role are refused (403). Then `helm upgrade`
-// with changed values and `helm uninstall` (the CRD is kept).
+// reaches Ready with it, and requests outside its role are refused (403): by default it serves the
+// release's namespace only (no Deployment in kube-system). Then `helm upgrade` with changed values
+// and `helm uninstall` in the documented order: its pre-delete hook stops the operator and releases
+// its finalizers, so that afterwards the FacilitatorNetworks and the (kept) CRD delete and nothing the
+// operator made is left behind.
 import { spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { ApiextensionsV1Api, AppsV1Api, CoordinationV1Api, CoreV1Api, PatchStrategy, RbacAuthorizationV1Api, setHeaderOptions, type KubeConfig } from "@kubernetes/client-node";
+import { ApiextensionsV1Api, AppsV1Api, CoordinationV1Api, CoreV1Api, NetworkingV1Api, PatchStrategy, RbacAuthorizationV1Api, setHeaderOptions, type KubeConfig, type V1Job } from "@kubernetes/client-node";
+import { parseAllDocuments } from "yaml";
 import { pino } from "pino";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { startAnvil, type AnvilNode } from "../services/devnet/anvil.ts";
 import { startOperator, type RunningOperator } from "../operator/operator.ts";
+import { connect } from "../operator/kube.ts";
+import { prepareUninstall } from "../operator/uninstall.ts";
 import { FINALIZER, ROUTING_TABLE_KEY } from "../operator/api.ts";
 import { parseRoutingTable } from "../services/router/routing-table.ts";
 import { describeWithControlPlane, type AuditEvent } from "./helpers/control-plane.ts";
@@ -21,7 +27,7 @@ import { clusterOf, condition, until, type Cluster } from "./helpers/cluster.ts"
 import { CHART, helm } from "./helpers/helm.ts";
 
 const NS = "x402-system";
-const APPS = "payments";
+const APPS = NS; // by default the operator serves the release's namespace only
 const RELEASE = "fleet";
 const SA = "fleet-x402-fleet-operator";
 const ROUTING = "fleet-x402-fleet-routing";
@@ -81,7 +87,7 @@ describeWithControlPlane("the chart installed with helm", { controllers: true, f
     // configured as the chart's Deployment configures it
     const deployment = await c.apps.readNamespacedDeployment({ namespace: NS, name: "fleet-x402-fleet-operator" });
     const env = Object.fromEntries(deployment.spec!.template.spec!.containers[0]!.env!.filter((e) => e.value !== undefined).map((e) => [e.name, e.value!]));
-    await c.ensureNamespace(APPS);
+    expect(env.X402_WATCH_NAMESPACE).toBe(NS);
     const signer = generatePrivateKey();
     await c.putSecret(APPS, "base-signer", { "signer-keys": signer });
     operator = await startOperator({
@@ -90,7 +96,10 @@ describeWithControlPlane("the chart installed with helm", { controllers: true, f
       facilitatorImage: env.X402_FACILITATOR_IMAGE!,
       routingConfigMap: env.X402_ROUTING_CONFIGMAP,
       clusterDomain: env.X402_CLUSTER_DOMAIN,
+      watchNamespace: env.X402_WATCH_NAMESPACE,
       leaderElection: { leaseName: env.X402_LEASE_NAME },
+      routerTokenSecret: { name: env.X402_ROUTER_TOKEN_SECRET!, key: env.X402_ROUTER_TOKEN_SECRET_KEY! },
+      routerPodLabels: Object.fromEntries(env.X402_ROUTER_POD_LABELS!.split(",").map((p) => p.split("=") as [string, string])),
       allowPrivateRpc: env.X402_OPERATOR_ALLOW_PRIVATE_RPC === "true", // anvil is on loopback
       identity: "fleet-x402-fleet-operator-local",
       logger: pino({ level: "debug" }, { write: (l: string) => void logs.push(l) }),
@@ -119,9 +128,15 @@ describeWithControlPlane("the chart installed with helm", { controllers: true, f
     const coordination = asOperator.makeApiClient(CoordinationV1Api);
     const patchCm = (namespace: string, name: string) => core.patchNamespacedConfigMap({ namespace, name, body: { metadata: { labels: { probe: "x" } } } }, mergePatch);
     expect(await codeOf(core.replaceNamespacedSecret({ namespace: APPS, name: "base-signer", body: { metadata: { name: "base-signer" }, stringData: { "signer-keys": "x" } } }))).toBe(403); // read-only
-    expect(await codeOf(core.createNamespacedConfigMap({ namespace: APPS, body: { metadata: { name: ROUTING } } }))).toBe(403); // only at home
-    expect(await codeOf(patchCm(NS, "another"))).toBe(403); // only that one
+    expect(await codeOf(core.createNamespacedConfigMap({ namespace: "default", body: { metadata: { name: ROUTING } } }))).toBe(403); // only where it serves
     expect(await codeOf(coordination.patchNamespacedLease({ namespace: NS, name: "someone-elses", body: { spec: {} } }, mergePatch))).toBe(403);
+    // the namespaced default: nothing of another namespace, kube-system's least of all
+    const dryRun = { dryRun: "All" };
+    const deploymentIn = (namespace: string) => ({ metadata: { name: "probe", namespace }, spec: { selector: { matchLabels: { a: "b" } }, template: { metadata: { labels: { a: "b" } }, spec: { containers: [{ name: "c", image: "x" }] } } } });
+    expect(await codeOf(apps.createNamespacedDeployment({ namespace: "kube-system", body: deploymentIn("kube-system"), ...dryRun }))).toBe(403);
+    expect(await codeOf(apps.createNamespacedDeployment({ namespace: APPS, body: deploymentIn(APPS), ...dryRun }))).toBe(200); // where it serves: the same request goes through
+    expect(await codeOf(core.listSecretForAllNamespaces())).toBe(403);
+    expect(await codeOf(core.readNamespacedSecret({ namespace: "kube-system", name: "any" }))).toBe(403);
     expect(await codeOf(apps.deleteNamespacedDeployment({ namespace: APPS, name: "base-facilitator" }))).toBe(403);
     expect(await codeOf(core.readNamespacedPod({ namespace: APPS, name: "x" }))).toBe(403);
     expect(await codeOf(core.deleteNamespace({ name: APPS }))).toBe(403);
@@ -143,9 +158,9 @@ describeWithControlPlane("the chart installed with helm", { controllers: true, f
     await until(async () => (await c.getNetwork(APPS, "broken")) === undefined, "broken to go");
 
     const rbac = c.kc.makeApiClient(RbacAuthorizationV1Api);
-    const clusterRules = (await rbac.readClusterRole({ name: SA })).rules as PolicyRule[];
+    const servedRules = (await rbac.readNamespacedRole({ namespace: NS, name: SA })).rules as PolicyRule[];
     const selfRules = (await rbac.readNamespacedRole({ namespace: NS, name: `${SA}-self` })).rules as PolicyRule[];
-    const grants = [...clusterRules.map((rule) => ({ rule, scope: "cluster" })), ...selfRules.map((rule) => ({ rule, scope: NS }))];
+    const grants = [...servedRules.map((rule) => ({ rule, scope: NS })), ...selfRules.map((rule) => ({ rule, scope: NS }))];
     const key = (scope: string, rule: PolicyRule, resource: string, verb: string) => `${scope} ${rule.apiGroups[0] || "core"}/${resource}:${verb}${rule.resourceNames ? `[${rule.resourceNames.join(",")}]` : ""}`;
     const all = grants.flatMap(({ rule, scope }) => rule.resources.flatMap((r) => rule.verbs.map((v) => key(scope, rule, r, v))));
 
@@ -168,14 +183,14 @@ describeWithControlPlane("the chart installed with helm", { controllers: true, f
             rule.apiGroups.includes(ref.apiGroup ?? "") &&
             rule.resources.includes(resource) &&
             rule.verbs.includes(verb) &&
-            (scope === "cluster" || scope === ref.namespace) &&
+            scope === ref.namespace &&
             (!rule.resourceNames || (ref.name !== undefined && rule.resourceNames.includes(ref.name)));
           if (applies) used.add(key(scope, rule, resource, verb));
         }
       }
     }
     // finalizers/update is checked by admission on children with blockOwnerDeletion, never requested
-    expect(all.filter((k) => !used.has(k))).toEqual(["cluster x402fleet.io/facilitatornetworks/finalizers:update"]);
+    expect(all.filter((k) => !used.has(k))).toEqual([`${NS} x402fleet.io/facilitatornetworks/finalizers:update`]);
   });
 
   it("helm upgrade with changed values rolls out the change (--wait)", async () => {
@@ -187,14 +202,70 @@ describeWithControlPlane("the chart installed with helm", { controllers: true, f
     expect((await c.apps.readNamespacedDeployment({ namespace: NS, name: "fleet-x402-fleet-operator" })).spec!.replicas).toBe(1);
   });
 
-  it("helm uninstall removes the release and keeps the CRD (and with it the FacilitatorNetworks)", async () => {
+  it("helm uninstall: its pre-delete hook stops the operator and releases its finalizers; then the FacilitatorNetworks and the kept CRD delete, and nothing the operator made is left", async () => {
     await operator!.stop();
     operator = undefined;
+    const children = { deployment: "base-facilitator", service: "base-facilitator", networkPolicy: "base-facilitator", tokens: "base-facilitator-router-tokens" };
+    expect(await c.core.readNamespacedConfigMap({ namespace: APPS, name: children.tokens })).toBeDefined();
+    expect(await c.kc.makeApiClient(NetworkingV1Api).readNamespacedNetworkPolicy({ namespace: APPS, name: children.networkPolicy })).toBeDefined();
+    expect((await c.getNetwork(APPS, "base"))!.metadata.finalizers).toEqual([FINALIZER]);
+
+    // The hook as the release holds it: a pre-delete Job running `x402-fleet pre-uninstall` under its own ServiceAccount.
+    const hooks = parseAllDocuments(runHelm(["get", "hooks", RELEASE, "--namespace", NS])).map((d) => d.toJSON() as V1Job).filter(Boolean);
+    const job = hooks.find((h) => h.kind === "Job")!;
+    expect(job.metadata!.annotations!["helm.sh/hook"]).toBe("pre-delete");
+    const pod = job.spec!.template.spec!;
+    expect(pod.containers[0]!.args).toEqual(["pre-uninstall"]);
+    const env = Object.fromEntries(pod.containers[0]!.env!.filter((e) => e.value !== undefined).map((e) => [e.name, e.value!]));
+    // kwok's node runs no process (it marks a Job's pod Succeeded): the Job's command runs here, with a
+    // TokenRequest token of the hook's ServiceAccount (kube-apiserver enforces its RBAC) and the Job's environment.
+    const asHook = connect(cp().kubeConfigForToken(await cp().serviceAccountToken(NS, pod.serviceAccountName!)));
+    const report = await prepareUninstall({
+      kube: asHook,
+      namespace: NS,
+      watchNamespace: env.X402_WATCH_NAMESPACE,
+      operatorDeployment: env.X402_OPERATOR_DEPLOYMENT!,
+      routingConfigMap: env.X402_ROUTING_CONFIGMAP!,
+      leaseName: env.X402_LEASE_NAME!,
+      logger: pino({ level: "silent" }),
+      pollMs: 200,
+    });
+    expect(report.finalizersReleased).toEqual([`${APPS}/base`]);
+    expect(report.deleted).toEqual([`ConfigMap/${ROUTING}`, `Lease/${env.X402_LEASE_NAME}`]);
+    // no operator pod is left to put a finalizer back
+    expect((await c.core.listNamespacedPod({ namespace: NS, labelSelector: "app.kubernetes.io/component=operator" })).items).toEqual([]);
+
     runHelm(["uninstall", RELEASE, "--namespace", NS, "--wait", "--timeout", "120s"]);
-    await until(async () => (await c.apps.listNamespacedDeployment({ namespace: NS })).items.length === 0, "the release's Deployments to go");
+    const released = `app.kubernetes.io/instance=${RELEASE}`;
+    await until(async () => (await c.apps.listNamespacedDeployment({ namespace: NS, labelSelector: released })).items.length === 0, "the release's Deployments to go");
     expect(await codeOf(c.core.readNamespacedServiceAccount({ namespace: NS, name: SA }))).toBe(404);
-    const crd = await c.kc.makeApiClient(ApiextensionsV1Api).readCustomResourceDefinition({ name: "facilitatornetworks.x402fleet.io" });
+    const crds = c.kc.makeApiClient(ApiextensionsV1Api);
+    const crd = await crds.readCustomResourceDefinition({ name: "facilitatornetworks.x402fleet.io" });
     expect(crd.metadata!.annotations!["helm.sh/resource-policy"]).toBe("keep");
-    expect(await c.getNetwork(APPS, "base")).toBeDefined();
+    // kept with the CRD, its facilitator still running; the operator's own objects are gone
+    expect((await c.getNetwork(APPS, "base"))!.metadata.finalizers ?? []).toEqual([]);
+    expect(await codeOf(c.core.readNamespacedConfigMap({ namespace: NS, name: ROUTING }))).toBe(404);
+    expect(await codeOf(c.coordination.readNamespacedLease({ namespace: NS, name: env.X402_LEASE_NAME! }))).toBe(404);
+
+    // The documented order's last step: the chain, then the CRD, each deleted with no operator left.
+    await c.deleteNetwork(APPS, "base");
+    await until(async () => (await c.getNetwork(APPS, "base")) === undefined, "the FacilitatorNetwork to delete");
+    const networking = c.kc.makeApiClient(NetworkingV1Api);
+    await until(
+      async () =>
+        (await codeOf(c.apps.readNamespacedDeployment({ namespace: APPS, name: children.deployment }))) === 404 &&
+        (await codeOf(c.core.readNamespacedService({ namespace: APPS, name: children.service }))) === 404 &&
+        (await codeOf(networking.readNamespacedNetworkPolicy({ namespace: APPS, name: children.networkPolicy }))) === 404 &&
+        (await codeOf(c.core.readNamespacedConfigMap({ namespace: APPS, name: children.tokens }))) === 404,
+      "the garbage collector to delete its children",
+      120_000, // the collector notices a custom resource's deletion on its own schedule (about 30 s here)
+    );
+    await crds.deleteCustomResourceDefinition({ name: "facilitatornetworks.x402fleet.io" });
+    await until(async () => (await codeOf(crds.readCustomResourceDefinition({ name: "facilitatornetworks.x402fleet.io" }))) === 404, "the CRD to delete");
+    // nothing the operator made remains anywhere
+    const managed = "app.kubernetes.io/managed-by=x402-fleet-operator";
+    expect((await c.core.listConfigMapForAllNamespaces({ labelSelector: managed })).items.map((m) => m.metadata!.name)).toEqual([]);
+    expect((await networking.listNetworkPolicyForAllNamespaces({ labelSelector: managed })).items.map((m) => m.metadata!.name)).toEqual([]);
+    expect((await c.coordination.listNamespacedLease({ namespace: NS })).items.map((l) => l.metadata!.name)).toEqual([]);
   });
 });

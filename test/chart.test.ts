@@ -15,6 +15,7 @@ import { describeWithControlPlane } from "./helpers/control-plane.ts";
 import { CRD_PATH } from "./helpers/cluster.ts";
 import { selectors } from "./helpers/promql.ts";
 import { createMetrics } from "../services/platform/metrics.ts";
+import { PROBE_TIMINGS } from "../operator/builders.ts";
 import { DASHBOARDS, renderDashboard } from "../scripts/dashboards.ts";
 
 const NS = "x402-system";
@@ -158,7 +159,7 @@ describe.each(Object.keys(MATRIX))("helm template: %s", (name) => {
       if (CLUSTER_SCOPED.has(d.kind)) expect(d.metadata.namespace).toBeUndefined();
       else if (d.kind === "FacilitatorNetwork") expect(d.metadata.namespace).toBe(d.metadata.name === "base" ? "payments" : NS);
       else if (d.kind === "ConfigMap" && name === "everything") expect(d.metadata.namespace).toBe("grafana"); // dashboards.namespace
-      else if (["Role", "RoleBinding"].includes(d.kind) && name === "everything" && !d.metadata.name.endsWith("-self")) expect(d.metadata.namespace).toBe("payments"); // operator.watchNamespace
+      else if (["Role", "RoleBinding"].includes(d.kind) && name === "everything" && /-(operator|uninstall-networks)$/.test(d.metadata.name)) expect(d.metadata.namespace).toBe("payments"); // operator.watchNamespace
       else expect(d.metadata.namespace, `${d.kind}/${d.metadata.name}`).toBe(NS);
     }
   });
@@ -177,6 +178,14 @@ describe.each(Object.keys(MATRIX))("helm template: %s", (name) => {
           expect(httpGet?.port, `${d.metadata.name} ${probe}`).toBe("admin");
           expect(httpGet?.path).toBe(probe === "readinessProbe" ? "/readyz" : "/healthz");
         }
+        // the timings of the operator's facilitator pods: a startup window that fits the slowest first start
+        const timings = (probe: unknown) => {
+          const { httpGet: _, ...rest } = probe as Record<string, unknown>;
+          return rest;
+        };
+        expect(timings(c.startupProbe), d.metadata.name).toEqual(PROBE_TIMINGS.startup);
+        expect(timings(c.readinessProbe), d.metadata.name).toEqual(PROBE_TIMINGS.readiness);
+        expect(timings(c.livenessProbe), d.metadata.name).toEqual(PROBE_TIMINGS.liveness);
         expect(c.resources?.requests?.cpu, `${d.metadata.name} cpu request`).toBeTruthy();
         expect(c.resources?.requests?.memory, `${d.metadata.name} memory request`).toBeTruthy();
         // a writable /tmp (tsx's compile cache) on the read-only root filesystem
@@ -275,7 +284,7 @@ describe("the operator", () => {
     expect(byName.X402_LEASE_NAME!.value).toBe("fleet-x402-fleet-operator");
     expect(byName.X402_LEADER_ELECTION).toBeUndefined();
     expect(byName.ADMIN_PORT!.value).toBe("9422");
-    expect(byName.X402_WATCH_NAMESPACE).toBeUndefined();
+    expect(byName.X402_WATCH_NAMESPACE!.value).toBe(NS); // the release's namespace unless asked otherwise
     expect(byName.X402_OPERATOR_ALLOW_PRIVATE_RPC).toBeUndefined(); // public RPC only by default (SSRF)
     const allowing = render({ values: { operator: { allowPrivateRpc: true } } });
     const allowingEnv = podSpec(one(allowing, "Deployment", "fleet-x402-fleet-operator")).containers[0]!.env as { name: string; value?: string }[];
@@ -283,9 +292,13 @@ describe("the operator", () => {
     expect(one(docs, "PodDisruptionBudget", "fleet-x402-fleet-operator").spec).toMatchObject({ maxUnavailable: 1 });
   });
 
-  it("gets least-privilege RBAC: cluster-wide for FacilitatorNetworks and their children, its ConfigMap and Lease by name at home", () => {
+  it("gets least-privilege RBAC: a Role in the release namespace for FacilitatorNetworks and their children, its ConfigMap and Lease by name at home", () => {
     const docs = docsOf("defaults");
-    const cr = one(docs, "ClusterRole", "fleet-x402-fleet-operator");
+    // nothing cluster-wide by default: Secrets and Deployments of other namespaces are out of its reach
+    expect(find(docs, "ClusterRole")).toEqual([]);
+    expect(find(docs, "ClusterRoleBinding")).toEqual([]);
+    const cr = one(docs, "Role", "fleet-x402-fleet-operator");
+    expect(cr.metadata.namespace).toBe(NS);
     const rules = cr.rules as { apiGroups: string[]; resources: string[]; verbs: string[]; resourceNames?: string[] }[];
     const flat = rules.flatMap((r) => r.apiGroups.flatMap((g) => r.resources.flatMap((res) => r.verbs.map((v) => `${g || "core"}/${res}:${v}`)))).sort();
     expect(flat).toEqual(
@@ -332,8 +345,20 @@ describe("the operator", () => {
       { apiGroups: ["coordination.k8s.io"], resources: ["leases"], resourceNames: ["fleet-x402-fleet-operator"], verbs: ["get", "update"] },
     ]);
     const subject = [{ kind: "ServiceAccount", name: "fleet-x402-fleet-operator", namespace: NS }];
-    expect(one(docs, "ClusterRoleBinding", "fleet-x402-fleet-operator")).toMatchObject({ roleRef: { kind: "ClusterRole", name: "fleet-x402-fleet-operator" }, subjects: subject });
+    expect(one(docs, "RoleBinding", "fleet-x402-fleet-operator")).toMatchObject({ metadata: { namespace: NS }, roleRef: { kind: "Role", name: "fleet-x402-fleet-operator" }, subjects: subject });
     expect(one(docs, "RoleBinding", "fleet-x402-fleet-operator-self")).toMatchObject({ roleRef: { kind: "Role", name: "fleet-x402-fleet-operator-self" }, subjects: subject });
+  });
+
+  it("is cluster-wide only when asked (operator.clusterWide): the same rules in a ClusterRole, every namespace watched", () => {
+    const docs = render({ values: { operator: { clusterWide: true } } });
+    const namespaced = one(docsOf("defaults"), "Role", "fleet-x402-fleet-operator");
+    const cr = one(docs, "ClusterRole", "fleet-x402-fleet-operator");
+    expect(cr.rules).toEqual(namespaced.rules);
+    expect(one(docs, "ClusterRoleBinding", "fleet-x402-fleet-operator")).toMatchObject({ roleRef: { kind: "ClusterRole", name: "fleet-x402-fleet-operator" } });
+    expect(find(docs, "Role", "fleet-x402-fleet-operator")).toEqual([]);
+    const env = podSpec(one(docs, "Deployment", "fleet-x402-fleet-operator")).containers[0]!.env as { name: string; value?: string }[];
+    expect(env.find((e) => e.name === "X402_WATCH_NAMESPACE")).toBeUndefined();
+    expect(renderError({ values: { operator: { clusterWide: true, watchNamespace: "payments" } } })).toContain("operator.clusterWide and operator.watchNamespace exclude each other");
   });
 
   it("with watchNamespace, is confined to a Role in that namespace", () => {
@@ -346,6 +371,34 @@ describe("the operator", () => {
     const env = podSpec(one(docs, "Deployment", "fleet-x402-fleet-operator")).containers[0]!.env as { name: string; value?: string }[];
     expect(env.find((e) => e.name === "X402_WATCH_NAMESPACE")?.value).toBe("payments");
     expect(env.find((e) => e.name === "X402_FACILITATOR_IMAGE")?.value).toBe("registry.example.com/x402-fleet:0.1.0");
+  });
+
+  it("leaves nothing stuck on uninstall: a pre-delete hook Job runs `x402-fleet pre-uninstall` on the operator's Deployment, ConfigMap and Lease, allowed only that", () => {
+    const docs = docsOf("defaults");
+    const job = one(docs, "Job", "fleet-x402-fleet-uninstall");
+    expect(job.metadata.annotations).toMatchObject({ "helm.sh/hook": "pre-delete", "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded" });
+    const pod = (job.spec as { template: { spec: PodSpec & { serviceAccountName: string } } }).template.spec;
+    expect(restrictedViolations(pod)).toEqual([]);
+    expect(pod.serviceAccountName).toBe("fleet-x402-fleet-uninstall");
+    const container = pod.containers[0]!;
+    expect(container.args).toEqual(["pre-uninstall"]);
+    const env = Object.fromEntries((container.env as { name: string; value?: string }[]).filter((e) => e.value !== undefined).map((e) => [e.name, e.value]));
+    const operatorEnv = Object.fromEntries((podSpec(one(docs, "Deployment", "fleet-x402-fleet-operator")).containers[0]!.env as { name: string; value?: string }[]).map((e) => [e.name, e.value]));
+    expect(env).toMatchObject({ X402_OPERATOR_DEPLOYMENT: "fleet-x402-fleet-operator", X402_ROUTING_CONFIGMAP: operatorEnv.X402_ROUTING_CONFIGMAP, X402_LEASE_NAME: operatorEnv.X402_LEASE_NAME, X402_WATCH_NAMESPACE: operatorEnv.X402_WATCH_NAMESPACE });
+    expect(one(docs, "Role", "fleet-x402-fleet-uninstall").rules).toEqual([
+      { apiGroups: ["apps"], resources: ["deployments"], resourceNames: ["fleet-x402-fleet-operator"], verbs: ["get"] },
+      { apiGroups: ["apps"], resources: ["deployments/scale"], resourceNames: ["fleet-x402-fleet-operator"], verbs: ["patch"] },
+      { apiGroups: [""], resources: ["pods"], verbs: ["list"] },
+      { apiGroups: [""], resources: ["configmaps"], resourceNames: ["fleet-x402-fleet-routing"], verbs: ["delete"] },
+      { apiGroups: ["coordination.k8s.io"], resources: ["leases"], resourceNames: ["fleet-x402-fleet-operator"], verbs: ["delete"] },
+    ]);
+    const networks = one(docs, "Role", "fleet-x402-fleet-uninstall-networks");
+    expect(networks.metadata.namespace).toBe(NS);
+    expect(networks.rules).toEqual([{ apiGroups: ["x402fleet.io"], resources: ["facilitatornetworks"], verbs: ["list", "update"] }]);
+    // where the operator serves every namespace, so does the hook
+    const wide = render({ values: { operator: { clusterWide: true } } });
+    expect(one(wide, "ClusterRole", "fleet-x402-fleet-uninstall-networks").rules).toEqual(networks.rules);
+    expect(find(render({ values: { operator: { enabled: false } } }), "Job")).toEqual([]);
   });
 
   it("refuses more than one replica without leader election", () => {
@@ -487,7 +540,9 @@ describe("monitoring", () => {
     // the facilitator pods are the operator's (operator/builders.ts): its labels and port name
     const fac = one(docs, "PodMonitor", "fleet-x402-fleet-facilitators").spec as { selector: { matchLabels: Record<string, string> }; namespaceSelector: object; podMetricsEndpoints: { port: string }[] };
     expect(fac.selector.matchLabels).toEqual({ "app.kubernetes.io/name": "x402-fleet-facilitator", "app.kubernetes.io/managed-by": "x402-fleet-operator" });
-    expect(fac.namespaceSelector).toEqual({ any: true });
+    expect(fac.namespaceSelector).toEqual({ matchNames: [NS] }); // where the operator serves (the release's namespace by default)
+    const clusterWide = render({ values: { monitoring: { enabled: true }, operator: { clusterWide: true } }, apiVersions: [MONITORING_API] });
+    expect((one(clusterWide, "PodMonitor", "fleet-x402-fleet-facilitators").spec as { namespaceSelector: object }).namespaceSelector).toEqual({ any: true });
     expect(fac.podMetricsEndpoints[0]!.port).toBe("admin");
     const everything = one(docsOf("everything"), "PodMonitor", "fleet-x402-fleet-facilitators").spec as { namespaceSelector: object };
     expect(everything.namespaceSelector).toEqual({ matchNames: ["payments"] });

@@ -6,6 +6,7 @@ import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { COMMANDS, main } from "../services/cli.ts";
+import { missingDevnetTools } from "../services/devnet/config.ts";
 
 const dir = mkdtempSync(join(tmpdir(), "x402-cli-"));
 const table = join(dir, "routing.json");
@@ -134,5 +135,16 @@ describe("x402-fleet help", () => {
     const [bin] = await runAll([{ args: ["router", "--help"] }]);
     expect(bin!.code).toBe(0);
     expect(bin!.out).toContain("--routing-table FILE");
+  });
+});
+
+describe("x402-fleet devnet outside a checkout", () => {
+  it("names the development-only tools it lacks (the image removes anvil, solc and @uniswap/v4-periphery) before starting anything", async () => {
+    expect(missingDevnetTools()).toEqual([]); // this checkout has them
+    const absent = (id: string): string => {
+      throw new Error(`Cannot find module '${id}'`);
+    };
+    expect(missingDevnetTools(absent, "")).toEqual(["anvil (@foundry-rs/anvil-linux-amd64, or anvil on PATH)", "solc", "@uniswap/v4-periphery"]);
+    expect(missingDevnetTools(absent, `${dir}`)).toHaveLength(3); // no anvil on that PATH either
   });
 });

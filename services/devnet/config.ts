@@ -1,5 +1,8 @@
 // `x402-fleet devnet` and `x402-fleet pay`: their flags, checked by name before anything starts.
 // Kept apart from devnet.ts, which loads every service.
+import { existsSync } from "node:fs";
+import { createRequire } from "node:module";
+import { delimiter, dirname, join } from "node:path";
 import { defineCommand, flagOrEnv, list, oneOf, port, serviceCommand, stringFlags, type FlagValues } from "../platform/flags.ts";
 import { NETWORKS, type Caip2 } from "../x402/networks.ts";
 import type { DevnetOptions } from "./devnet.ts";
@@ -19,6 +22,27 @@ export function devnetOptionsFrom(flags: FlagValues<typeof FLAGS>, env: NodeJS.P
   };
 }
 
+/**
+ * What the devnet needs beyond the services, missing from this install: the container image leaves
+ * them out (about 134 MB the production commands never load), as `npm ci --omit=optional` leaves anvil.
+ */
+export function missingDevnetTools(resolve: (id: string) => string = createRequire(import.meta.url).resolve, path = process.env.PATH ?? ""): string[] {
+  const has = (id: string) => {
+    try {
+      return resolve(id) !== "";
+    } catch {
+      return false;
+    }
+  };
+  const anvilInstalled = has("@foundry-rs/anvil-linux-amd64/package.json") && existsSync(join(dirname(resolve("@foundry-rs/anvil-linux-amd64/package.json")), "bin", "anvil"));
+  const anvilOnPath = path.split(delimiter).some((dir) => dir && existsSync(join(dir, "anvil")));
+  return [
+    ...(anvilInstalled || anvilOnPath ? [] : ["anvil (@foundry-rs/anvil-linux-amd64, or anvil on PATH)"]),
+    ...(has("solc/package.json") ? [] : ["solc"]),
+    ...(has("@uniswap/v4-periphery/package.json") ? [] : ["@uniswap/v4-periphery"]),
+  ];
+}
+
 export const devnetCli = serviceCommand({
   name: "devnet",
   summary: "run the whole system on local anvil chains (the embedded default)",
@@ -31,6 +55,10 @@ env: LOG_LEVEL (default warn)
   flags: FLAGS,
   optionsFrom: devnetOptionsFrom,
   start: async (options, env) => {
+    const missing = missingDevnetTools();
+    if (missing.length > 0) {
+      throw new Error(`devnet: needs the development install (a checkout with \`npm ci\`); missing: ${missing.join(", ")}. The container image runs the services, not the devnet.`);
+    }
     const { startDevnet, devnetGuide } = await import("./devnet.ts");
     const { createLogger } = await import("../platform/logger.ts");
     const devnet = await startDevnet({ ...options, logger: createLogger("devnet", env.LOG_LEVEL ?? "warn") });

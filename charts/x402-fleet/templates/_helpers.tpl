@@ -40,6 +40,18 @@
 {{- join "," $pairs -}}
 {{- end -}}
 
+{{- /* The namespace the operator serves: operator.watchNamespace, else the release's; "" with
+       operator.clusterWide (every namespace). */ -}}
+{{- define "x402-fleet.watchNamespace" -}}
+{{- if .Values.operator.clusterWide -}}
+{{- if .Values.operator.watchNamespace -}}
+{{- fail "operator.clusterWide and operator.watchNamespace exclude each other: every namespace, or one" -}}
+{{- end -}}
+{{- else -}}
+{{- default .Release.Namespace .Values.operator.watchNamespace -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "x402-fleet.operatorServiceAccount" -}}
 {{- if .Values.operator.serviceAccount.create -}}
 {{- default (printf "%s-operator" (include "x402-fleet.fullname" .)) .Values.operator.serviceAccount.name -}}
@@ -112,20 +124,27 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
-{{/* Probes on the admin port: /healthz for startup and liveness, /readyz for readiness. */}}
+{{/* Probes on the admin port: /healthz for startup and liveness, /readyz for readiness. The
+     admin port opens once the service's store is open and migrated: on real nodes that took 29 s
+     for a facilitator creating its embedded store and 45 s for wallets on a loaded machine, so the
+     startup window (2 s x 90 = 180 s) is four times the slowest start, probed often enough to turn
+     Ready within seconds. Timeouts of 3 s (5 s for liveness): a busy process (an embedded store
+     runs on the event loop) may hold /healthz a moment; a restart needs a minute of silence. The
+     operator's facilitator pods use the same timings (operator/builders.ts PROBE_TIMINGS). */}}
 {{- define "x402-fleet.probes" -}}
 startupProbe:
   httpGet:
     path: /healthz
     port: admin
   periodSeconds: 2
-  failureThreshold: 60
+  timeoutSeconds: 3
+  failureThreshold: 90
 livenessProbe:
   httpGet:
     path: /healthz
     port: admin
   periodSeconds: 20
-  timeoutSeconds: 3
+  timeoutSeconds: 5
   failureThreshold: 3
 readinessProbe:
   httpGet:
