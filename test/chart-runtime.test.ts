@@ -21,6 +21,7 @@ import { openDatabase, type Database } from "../services/platform/storage.ts";
 import { API_KEY_MIGRATIONS, createApiKeyStore } from "../services/tenants/api-keys.ts";
 import { PG_URL } from "./helpers/hub.ts";
 import { startTestDevnet } from "./helpers/devnet.ts";
+import { devnetRouterTokenFile } from "../services/devnet/devnet.ts";
 import { postJson, serviceShape, signEip3009, signPermit2 } from "./helpers/payments.ts";
 import { CHART, one, render, type Doc } from "./helpers/helm.ts";
 import { checkQuery, parseExposition, type Exposition, type Query } from "./helpers/promql.ts";
@@ -59,7 +60,7 @@ async function payOnDevnet() {
   keysDb = await openDatabase({ url: PG_URL, migrations: API_KEY_MIGRATIONS });
   const tenant = await createApiKeyStore(keysDb).create("chart-runtime", { gasBudgets: { "eip155:8453": "1000000000000000000" } });
   keyId = tenant.info.id;
-  keyed = await startRouterService({ routingTablePath: join(d.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, apiKeys: true }, silent);
+  keyed = await startRouterService({ routingTablePath: join(d.dir, "routing.json"), host: "127.0.0.1", port: 0, databaseUrl: PG_URL, apiKeys: true, routerTokenFile: devnetRouterTokenFile(d.dir) }, silent);
   const post = (action: string, body: unknown) => postJson(`${keyed!.url}/${action}`, body, { headers: { authorization: `Bearer ${tenant.key}` } });
   routerPost = post;
   const net = d.info.networks[0]!;
