@@ -24,13 +24,24 @@ describe.each(ENGINES)("shared receipt waits (%s store)", (engine) => {
     await rig.test.setAutomine(false);
     const body = await rig.payment(99n);
     const before = await receiptCalls(f.adminUrl);
-    const answers = await Promise.all(Array.from({ length: 50 }, () => postJson(`${f.url}/settle`, body)));
+    // Careful clients: a waiter whose bound ended before the claim holder stored its transaction (a
+    // loaded machine) hears 503 "another request is settling this payment" and asks again.
+    let retried = false;
+    const careful = async () => {
+      for (let attempt = 0; ; attempt++) {
+        const a = await postJson(`${f.url}/settle`, body);
+        if (a.status !== 503 || attempt >= 3) return a;
+        retried = true;
+      }
+    };
+    const answers = await Promise.all(Array.from({ length: 50 }, careful));
     const calls = (await receiptCalls(f.adminUrl)) - before;
     expect(new Set(answers.map((a) => a.json.errorReason))).toEqual(new Set(["settlement_pending"]));
     expect(new Set(answers.map((a) => a.json.transaction)).size).toBe(1);
-    // One shared wait (at most `budget` calls) plus the reconciler's one lookup per second of the
-    // ~2 s window. Unshared (each waiter polling on its own) this measured 65 calls, shared 12.
-    expect(calls).toBeLessThanOrEqual(budget + 6);
+    // One shared wait (at most `budget` calls; a second one for callers who came back after a 503)
+    // plus the reconciler's one lookup per second of the ~2 s window. Unshared (each waiter polling
+    // on its own) this measured 65 calls, shared 12.
+    expect(calls).toBeLessThanOrEqual(budget * (retried ? 2 : 1) + 6);
     await rig.test.mine({ blocks: 1 });
     await rig.test.setAutomine(true);
     let final: Record<string, unknown> | undefined;
