@@ -177,5 +177,7 @@ printf 'image=%s\nnode=%s\nbase_seconds=%s\nbuild_seconds=%s\ntotal_seconds=%s\n
 touch "$tmp/image/.complete"
 rm -rf "$out"
 mv "$tmp/image" "$out" # atomic: readers see no directory or a complete one
+# Other sources' archives (151 MB each): the three newest stay, for trees built side by side.
+ls -dt "$cache_root"/image-*/ 2>/dev/null | tail -n +4 | xargs -r rm -rf
 echo "image: built $image in $(( $(date +%s) - start ))s into $out" >&2
 echo "$out"
