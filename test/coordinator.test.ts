@@ -3,6 +3,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { PaymentPayload, PaymentRequirements, SettleResponse } from "@x402/core/types";
 import { openDatabase, migrate, type Database } from "../services/platform/storage.ts";
+import { cleanLine } from "../services/facilitator/settlement/reverts.ts";
 import { ABANDONED_CLAIM_GRACE_MS, SETTLEMENT_MIGRATIONS, createSettlementStore } from "../services/facilitator/settlement/store.ts";
 import { createSettlementCoordinator } from "../services/facilitator/settlement/coordinator.ts";
 import { settlementContext } from "../services/facilitator/settlement/context.ts";
@@ -357,6 +358,16 @@ describe("the settlement record: claimed → sent → succeeded | failed", () =>
     await store.recordMined(found!.payment_id, found!.id, found!.mined_hash, found!.confirmed);
     expect(await stateOf(id)).toMatchObject({ state: "succeeded", response: { success: true, transaction: row.hash } });
     expect((await store.unrecordedMined()).map((r) => r.payment_id)).not.toContain(id);
+  });
+
+  it("a revert whose reason carries control characters (a NUL from a hostile wallet) is recorded as a failure, not left pending for ever", async () => {
+    // The reason is the contract's bytes; explainMinedRevert passes it through cleanLine, as here.
+    const store = createSettlementStore(db, network, { explainRevert: async () => ({ code: "permit2_invalid_signature", message: cleanLine("execution reverted: a\u0000b\u0007c") }) });
+    const id = "record-nul";
+    expect(await store.claim(id, "d1", "exact", null, {}, "owner-n", 60_000)).toEqual({ claimed: true });
+    const row = await store.allocateAndStore(entry(id, "owner-n"), async () => 0, sign);
+    await store.recordMined(id, row.id, row.hash, false);
+    expect(await stateOf(id)).toMatchObject({ state: "failed", response: { success: false, errorReason: "permit2_invalid_signature", errorMessage: "execution reverted: a b c", transaction: row.hash } });
   });
 
   it("the database refuses a final state without its answer, and an answer on a payment in flight", async () => {

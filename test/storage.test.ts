@@ -112,3 +112,16 @@ describe("a PostgreSQL server that goes away mid-transaction", () => {
     }
   });
 });
+
+describe("waiting for a database at start-up", () => {
+  it("a host name that never resolves (a wrong DATABASE_URL) ends the wait with an error naming it", async () => {
+    const { serviceDatabase, startService } = await import("../services/platform/lifecycle.ts");
+    const { pino } = await import("pino");
+    const logger = pino({ level: "silent" });
+    const started = Date.now();
+    await expect(startService(async (life) => ({ db: await serviceDatabase(life, { databaseUrl: "postgres://postgres@no-such-host.invalid:5432/test" }, [{ id: "wait/001", sql: "SELECT 1" }], { logger, misconfiguredAfterMs: 1500 }) }))).rejects.toThrow(
+      /postgres:\/\/no-such-host\.invalid:5432\/test was not reachable for 1\.5 s .*check DATABASE_URL/,
+    );
+    expect(Date.now() - started).toBeGreaterThanOrEqual(1500);
+  });
+});

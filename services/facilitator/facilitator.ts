@@ -7,7 +7,7 @@ import { UptoEvmScheme } from "@x402/evm/upto/facilitator";
 import { BatchSettlementEvmScheme } from "@x402/evm/batch-settlement/facilitator";
 import { getAddress, type Address, type PrivateKeyAccount } from "viem";
 import { RequestError } from "../x402/errors.ts";
-import { isDatabaseError } from "../platform/http-kit.ts";
+import { isDatabaseUnavailable } from "../platform/storage.ts";
 import type { AssetInfo, Caip2 } from "../x402/networks.ts";
 import { extensionsFor } from "../x402/extensions.ts";
 import { checkSchemePayload } from "../x402/payloads.ts";
@@ -303,7 +303,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
         if (value && !(failed && !value.success && value.errorReason !== SETTLEMENT_PENDING && !value.transaction)) r = scrub(value);
         else if (failed) r = { success: false, errorReason: RPC_UNAVAILABLE, transaction: "", network: requirements.network };
         // The store failed with nothing of this payment sent (the coordinator answers from the chain once a transaction exists): no verdict, 503.
-        else if (isDatabaseError((error ?? {}) as object)) r = { success: false, errorReason: STORE_UNAVAILABLE, transaction: "", network: requirements.network };
+        else if (isDatabaseUnavailable(error)) r = { success: false, errorReason: STORE_UNAVAILABLE, transaction: "", network: requirements.network };
         // Another request holds this payment and has sent nothing yet: not a verdict either (its outcome comes to a retry).
         else if (error instanceof SettlementBusyError) r = { success: false, errorReason: STORE_BUSY, errorMessage: error.message, transaction: "", network: requirements.network };
         else {

@@ -5,7 +5,7 @@ import type { FastifyInstance } from "fastify";
 import type { Registry } from "prom-client";
 import { startAdminServer, type AdminOptions, type RunningAdmin } from "./admin.ts";
 import { safeMessage, type Logger } from "./logger.ts";
-import { describeDatabase, isDatabaseUnreachable, migrate, openDatabase, type Database, type Migration } from "./storage.ts";
+import { describeDatabase, isDatabaseUnavailable, mayBeMisconfigured, migrate, openDatabase, type Database, type Migration } from "./storage.ts";
 import type { ServerTimeouts } from "./timeouts.ts";
 
 export interface Lifecycle {
@@ -77,14 +77,23 @@ export async function serviceDatabase(life: Lifecycle, opts: DatabaseOptions, mi
   // CrashLoopBackOff with a growing delay after the database returns.
   let waitingAdmin: RunningAdmin | undefined;
   let delayMs = 250;
+  let suspectSince: number | undefined;
   try {
     for (let attempt = 1; ; attempt++) {
       try {
         return life.own(await openDatabase({ url: opts.databaseUrl, dataDir: opts.databaseUrl ? undefined : opts.dataDir, migrations }));
       } catch (e) {
-        if (!opts.databaseUrl || !wait || !isDatabaseUnreachable(e)) throw e;
+        if (!opts.databaseUrl || !wait || !isDatabaseUnavailable(e)) throw e;
         const err = { code: (e as { code?: unknown }).code, message: safeMessage(e) };
-        wait.logger.warn({ attempt, err, retryInMs: delayMs, database: describeDatabase(opts.databaseUrl) }, "the database cannot be reached; waiting for it, unready");
+        const database = describeDatabase(opts.databaseUrl);
+        // A host that never resolves, or a port where something else answers, is most likely a wrong
+        // DATABASE_URL: waited for a while (DNS may come late), then an error that names it.
+        if (mayBeMisconfigured(e)) {
+          suspectSince ??= Date.now();
+          const bound = wait.misconfiguredAfterMs ?? MISCONFIGURED_AFTER_MS;
+          if (Date.now() - suspectSince > bound) throw new Error(`the database ${database} was not reachable for ${bound / 1000} s (${err.message}): check DATABASE_URL`);
+        } else suspectSince = undefined;
+        wait.logger[suspectSince ? "error" : "warn"]({ attempt, err, retryInMs: delayMs, database }, suspectSince ? "the database host does not resolve or is not PostgreSQL; is DATABASE_URL right? waiting, unready" : "the database cannot be reached; waiting for it, unready");
         // Alive and unready meanwhile: probes see /healthz answer and /readyz refuse, so nothing restarts the process.
         if (wait.admin && !waitingAdmin) {
           waitingAdmin = await startAdminServer({ ...wait.admin, logger: wait.logger, checks: [{ name: "store", check: async () => false }] }).catch(() => undefined);
@@ -98,11 +107,16 @@ export async function serviceDatabase(life: Lifecycle, opts: DatabaseOptions, mi
   }
 }
 
+/** How long a database that looks misconfigured (mayBeMisconfigured) is waited for before start-up fails. */
+const MISCONFIGURED_AFTER_MS = 120_000;
+
 /** How a service waits for a database server that is not reachable yet. */
 export interface DatabaseWait {
   logger: Logger;
   /** While waiting, an admin server on the service's admin port: /healthz answers, /readyz says the store is not ready. */
   admin?: { host: string; port: number; registry: Registry };
+  /** How long a database that looks misconfigured is waited for (default 2 minutes). */
+  misconfiguredAfterMs?: number;
 }
 
 /** For the start-up log line: never a URL's credentials. */

@@ -41,6 +41,9 @@ export function safeMessage(e: unknown, max = 300): string {
   return (text.split("\n")[0] ?? "")
     .replace(/https?:\/\/\S+/g, "<rpc>")
     .replace(/0x[0-9a-fA-F]{65,}/g, "0x…")
+    // Control characters (a revert reason is the contract's bytes: NUL cannot be stored as text, and none belongs in a line).
+    // eslint-disable-next-line no-control-regex -- matching control characters is the point
+    .replace(/[\u0000-\u001f\u007f]/g, " ")
     .replace(/\s+/g, " ")
     .trim()
     .slice(0, max);

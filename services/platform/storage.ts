@@ -100,13 +100,25 @@ async function openPostgres(url: string): Promise<Database> {
 }
 
 /**
- * A database that cannot be reached (down, restarting, starting up, out of connections), as
- * opposed to one that answered with an error: worth waiting for, never a reason to exit.
+ * A database that cannot serve right now (down, restarting, starting up, out of connections, a
+ * transaction it had to abort), as opposed to one that answered with an error about the request
+ * (bad data, a constraint, wrong credentials): worth waiting for and retrying, never a verdict and
+ * never a reason to exit.
  */
-export function isDatabaseUnreachable(e: unknown): boolean {
+export function isDatabaseUnavailable(e: unknown): boolean {
   const { code, message } = (e ?? {}) as { code?: unknown; message?: unknown };
-  if (typeof code === "string" && (["ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "EPIPE", "EHOSTUNREACH", "ENOTFOUND", "EAI_AGAIN", "57P01", "57P02", "57P03", "53300"].includes(code) || code.startsWith("08"))) return true;
+  if (typeof code === "string" && (["ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "EPIPE", "EHOSTUNREACH", "ENOTFOUND", "EAI_AGAIN", "57P01", "57P02", "57P03", "53300", "40001", "40P01"].includes(code) || code.startsWith("08"))) return true;
   return typeof message === "string" && /^(Connection terminated|timeout exceeded when trying to connect)/.test(message);
+}
+
+/**
+ * Unavailable in a way a wrong DATABASE_URL also looks (a host name that does not resolve, a port
+ * where something else than PostgreSQL answers): waited for a while only (a Service's DNS may come
+ * late), then reported as a configuration error.
+ */
+export function mayBeMisconfigured(e: unknown): boolean {
+  const { code, message } = (e ?? {}) as { code?: unknown; message?: unknown };
+  return code === "ENOTFOUND" || code === "EAI_AGAIN" || (typeof message === "string" && message.startsWith("Connection terminated"));
 }
 
 /** Applies migrations not yet applied, in order, each in its own transaction; safe to run from several processes at once. */

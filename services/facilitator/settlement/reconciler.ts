@@ -124,7 +124,10 @@ export function startReconciler(opts: ReconcilerOptions) {
 
   /** A payment whose transaction is mined but whose record still says sent gets its outcome recorded (what a retry would do). */
   async function recordUnrecorded(): Promise<void> {
-    for (const row of await store.unrecordedMined()) await store.recordMined(row.payment_id, row.id, row.mined_hash, row.confirmed);
+    for (const row of await store.unrecordedMined()) {
+      // One row that cannot be recorded never holds up the others.
+      await store.recordMined(row.payment_id, row.id, row.mined_hash, row.confirmed).catch((e) => logger.warn({ paymentId: row.payment_id, err: (e as Error).name }, "could not record a mined payment; will retry"));
+    }
   }
 
   /** What one pass reads once and shares between its rows. */
