@@ -332,7 +332,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       const result = response.success ? "success" : response.errorReason === SETTLEMENT_PENDING ? "pending" : "failure";
       opts.metrics.settleTotal.inc({ ...labels, result, reason: reasonLabel(response.errorReason) });
       if (response.errorReason === RPC_UNAVAILABLE) throw rpcUnavailable(opts);
-      if (response.errorReason === STORE_UNAVAILABLE) throw new RequestError("backend_unavailable", "the settlement store is unavailable and nothing was sent for this payment; retry", RETRY_SOON);
+      if (response.errorReason === STORE_UNAVAILABLE) throw new RequestError("backend_unavailable", "the settlement store is unavailable; retry (a retry reports this payment's outcome)", RETRY_SOON);
       if (response.errorReason === STORE_BUSY) throw new RequestError("backend_unavailable", response.errorMessage ?? "another request is settling this payment; retry", RETRY_SOON);
       return response;
     },
