@@ -125,3 +125,23 @@ describe("waiting for a database at start-up", () => {
     expect(Date.now() - started).toBeGreaterThanOrEqual(1500);
   });
 });
+
+describe("replicas starting together on a fresh PostgreSQL database", () => {
+  it("six migrators at once all open it (CREATE TABLE IF NOT EXISTS raced in PostgreSQL's catalog and one exited)", async () => {
+    const schema = `fresh_${Date.now().toString(36)}`;
+    const admin = await openDatabase({ url: PG_URL });
+    try {
+      for (let round = 0; round < 3; round++) {
+        await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+        await admin.query(`CREATE SCHEMA ${schema}`);
+        const url = `${PG_URL}?options=-c%20search_path%3D${schema}`;
+        const dbs = await Promise.all(Array.from({ length: 6 }, () => openDatabase({ url, migrations: [{ id: `${schema}/001`, sql: `CREATE TABLE ${schema}_t (id int)` }] })));
+        expect(await dbs[0]!.query<{ id: string }>("SELECT id FROM schema_migrations")).toEqual([{ id: `${schema}/001` }]);
+        for (const d of dbs) await d.close();
+      }
+    } finally {
+      await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+      await admin.close();
+    }
+  });
+});

@@ -68,8 +68,7 @@ async function openEmbedded(dataDir?: string): Promise<Database> {
 async function openPostgres(url: string): Promise<Database> {
   const { default: pg } = await import("pg");
   // int8 and numeric come back as strings (amounts and nonces must not lose precision).
-  // A connection attempt to a server that does not answer fails in 5 s instead of waiting for ever.
-  const pool = new pg.Pool({ connectionString: url, max: 10, connectionTimeoutMillis: 5000 });
+  const pool = new pg.Pool({ connectionString: url, max: 10 });
   pool.on("error", () => undefined); // an idle client dropping is not fatal; the next query reconnects
   return {
     kind: "postgres",
@@ -123,7 +122,12 @@ export function mayBeMisconfigured(e: unknown): boolean {
 
 /** Applies migrations not yet applied, in order, each in its own transaction; safe to run from several processes at once. */
 export async function migrate(db: Database, migrations: Migration[]): Promise<string[]> {
-  await db.query("CREATE TABLE IF NOT EXISTS schema_migrations (id text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())");
+  // Under the migrators' lock too: two replicas starting at once race on CREATE TABLE IF NOT EXISTS
+  // (PostgreSQL's catalog answers one of them with a duplicate-key error, and it exited).
+  await db.transaction(async (tx) => {
+    await tx.query("SELECT pg_advisory_xact_lock(402402)");
+    await tx.query("CREATE TABLE IF NOT EXISTS schema_migrations (id text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())");
+  });
   const applied: string[] = [];
   for (const m of migrations) {
     const done = await db.transaction(async (tx) => {
