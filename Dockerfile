@@ -14,8 +14,8 @@
 # loader in the pods, about 40 MB less resident memory per process. The sources come along, as
 # bin/x402-fleet.js runs the bundle only while it matches them. The root filesystem can be
 # read-only: the only writes are under $TMPDIR (/tmp: an emptyDir in the chart, --tmpfs /tmp with
-# docker) and the data directories given by flags or environment (X402_DATA_DIR, HUB_DATA_DIR,
-# WALLETS_DATA_DIR), which the chart and the operator mount; the image's defaults for them are
+# docker) and the data directories given by flags or environment (X402_DATA_DIR, X402_ROUTER_DATA_DIR,
+# HUB_DATA_DIR, WALLETS_DATA_DIR), which the chart and the operator mount; the image's defaults for them are
 # under /tmp (the sources' defaults, .data/... beside the working directory, are the read-only /app).
 #
 # The devnet is not in the image: anvil, solc and @uniswap/v4-periphery (about 134 MB, only the
@@ -54,6 +54,7 @@ ENV NODE_ENV=production \
     HOME=/tmp \
     TMPDIR=/tmp \
     X402_DATA_DIR=/tmp/x402-fleet/facilitator \
+    X402_ROUTER_DATA_DIR=/tmp/x402-fleet/router \
     HUB_DATA_DIR=/tmp/x402-fleet/hub \
     WALLETS_DATA_DIR=/tmp/x402-fleet/wallets
 WORKDIR /app

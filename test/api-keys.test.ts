@@ -77,11 +77,11 @@ async function newKey(name: string, scope: Parameters<ApiKeyStore["create"]>[1] 
   return k;
 }
 
-/** A reference resource server whose facilitator client sends `key` (if any) on verify and settle. */
-async function resourceServer(key: string | undefined): Promise<string> {
+/** A reference resource server whose facilitator client sends `key` (if any) on verify and settle, to `via` (default: the keyed router on PostgreSQL). */
+async function resourceServer(key: string | undefined, via: RunningRouter = router): Promise<string> {
   const payTo = devnet.info.receivers[0]!.address;
   const auth: Record<string, string> = key ? { Authorization: `Bearer ${key}` } : {};
-  const client = new HTTPFacilitatorClient({ url: router.url, createAuthHeaders: async () => ({ verify: auth, settle: auth, supported: {} }) });
+  const client = new HTTPFacilitatorClient({ url: via.url, createAuthHeaders: async () => ({ verify: auth, settle: auth, supported: {} }) });
   const app = express();
   app.use(paymentMiddleware({ "GET /weather": { accepts: { scheme: "exact", price: "$0.01", network: "eip155:8453", payTo }, description: "weather" } }, new x402ResourceServer(client).register("eip155:8453", new ExactEvmServer())));
   app.get("/weather", (_req, res) => void res.json({ report: "sunny" }));
@@ -354,6 +354,71 @@ describe("API keys at the router", () => {
     expect(bad.status).not.toBe(0);
     expect(bad.stderr).toContain('"base" is not a valid network');
     expect(cli("api-key-rotate").stderr).toContain("--id <16 hex characters> is required");
+  });
+});
+
+describe("API keys without PostgreSQL: one router on its embedded engine", () => {
+  /** The command as a user runs it; asynchronous, as the router answering it runs in this process. */
+  const cliAsync = (args: string[], env: NodeJS.ProcessEnv) =>
+    new Promise<{ status: number | null; stdout: string; stderr: string }>((resolve) => {
+      const child = spawn(process.execPath, [BIN, ...args], { env });
+      let stdout = "";
+      let stderr = "";
+      child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
+      child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+      child.once("exit", (status) => resolve({ status, stdout, stderr }));
+    });
+
+  it("keys made through the admin API (x402-fleet api-key-create --admin-url) work, usage lands in the router's data dir, and survive a restart", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "x402-embedded-keys-"));
+    const dataDir = join(dir, "data");
+    const tokenFile = join(dir, "admin-token");
+    writeFileSync(tokenFile, `${randomBytes(24).toString("hex")}\n`);
+    const start = () => startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, dataDir, apiKeys: true, adminTokenFile: tokenFile, routerTokenFile: devnetRouterTokenFile(devnet.dir) }, pino({ level: "silent" }));
+    let embedded = await start();
+    const env = { ...process.env, DATABASE_URL: "", X402_ROUTER_ADMIN_URL: "", X402_ROUTER_ADMIN_TOKEN_FILE: "" };
+    try {
+      // Neither a database nor a router to ask: refused by name.
+      expect((await cliAsync(["api-key-list"], env)).stderr).toContain("DATABASE_URL (the routers' PostgreSQL database) or --admin-url");
+      const created = await cliAsync(["api-key-create", "--name", "embedded-co", "--networks", "eip155:8453", "--admin-url", embedded.adminUrl, "--admin-token-file", tokenFile], env);
+      expect(created.status, created.stderr).toBe(0);
+      const id = /^([0-9a-f]{16}) {2}embedded-co {2}networks=eip155:8453/.exec(created.stdout)![1]!;
+      const key = /key \(shown once, store it now\): (x402k_\S+)/.exec(created.stdout)![1]!;
+      expect((await cliAsync(["api-key-list", "--admin-url", embedded.adminUrl, "--admin-token-file", tokenFile], env)).stdout).toContain(`${id}  embedded-co`);
+      expect((await cliAsync(["api-key-list", "--admin-url", embedded.adminUrl, "--admin-token-file", join(dir, "missing")], env)).stderr).toContain("cannot be read (ENOENT)");
+
+      // Without a key: refused, nothing sent. With it: paid on chain.
+      const before = await chainState();
+      expect((await payingFetch()(await resourceServer(undefined, embedded))).status).not.toBe(200);
+      expect(await chainState()).toEqual(before);
+      const res = await payingFetch()(await resourceServer(key, embedded));
+      expect(res.status).toBe(200);
+      const after = await chainState();
+      expect(after.received).toBe(before.received + 10_000n);
+      expect(after.sent).toBe(before.sent + 1);
+      expect(await keys.usage({ keyId: id })).toEqual([]); // nothing in the shared PostgreSQL
+
+      // The router's own files, read once it stopped: the key hashed, the usage what the chain says.
+      await embedded.close();
+      const db = await openDatabase({ dataDir, migrations: API_KEY_MIGRATIONS });
+      try {
+        const usdc = devnet.info.networks[0]!.assets.find((a) => a.transferMethods.includes("eip3009"))!.address.toLowerCase();
+        expect(await createApiKeyStore(db, { cacheMs: 0 }).usage({ keyId: id })).toEqual([
+          { keyId: id, day: new Date().toISOString().slice(0, 10), network: "eip155:8453", asset: usdc, verifies: 1, valid: 1, settles: 1, settled: 1, volume: "10000", gasWei: String(before.signerWei - after.signerWei) },
+        ]);
+        expect(JSON.stringify(await db.query("SELECT * FROM tenant_api_keys"))).not.toContain(secretOf(key));
+      } finally {
+        await db.close();
+      }
+      // Restarted on the same directory, the key still opens /verify.
+      embedded = await start();
+      const net = devnet.info.networks[0]!;
+      const spec = { network: net.network, chainId: net.chainId, asset: net.assets.find((a) => a.transferMethods.includes("eip3009"))!, payerKey: devnet.info.payers[0]!.privateKey, payTo: devnet.info.receivers[0]!.address, amount: 1234n };
+      expect((await postJson(`${embedded.url}/verify`, serviceShape(spec, await signEip3009(spec)), { headers: { authorization: `Bearer ${key}` } })).json.isValid).toBe(true);
+    } finally {
+      await embedded.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 

@@ -106,7 +106,7 @@ describe("the Dockerfile", () => {
     expect(env).toContain("TMPDIR=/tmp");
     expect(env).toContain("HOME=/tmp");
     // the sources default to .data/... in the working directory, the read-only /app: each service's variable, set
-    for (const [variable, config] of [["X402_DATA_DIR", "services/facilitator/config.ts"], ["HUB_DATA_DIR", "services/hub/config.ts"], ["WALLETS_DATA_DIR", "services/wallets/config.ts"]] as const) {
+    for (const [variable, config] of [["X402_DATA_DIR", "services/facilitator/config.ts"], ["X402_ROUTER_DATA_DIR", "services/router/config.ts"], ["HUB_DATA_DIR", "services/hub/config.ts"], ["WALLETS_DATA_DIR", "services/wallets/config.ts"]] as const) {
       expect(readFileSync(join(ROOT, config), "utf8")).toContain(`env.${variable}`);
       expect(env).toMatch(new RegExp(`${variable}=/tmp/x402-fleet/\\w+`));
     }

@@ -12,6 +12,8 @@
 import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { randomBytes } from "node:crypto";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import express from "express";
@@ -413,6 +415,41 @@ describe("the discovery catalog (bazaar)", () => {
     const left = (await db.query<{ resource: string }>("SELECT resource FROM discovery_resources WHERE resource LIKE $1", [`%${run}%`])).map((r) => r.resource);
     expect(left).not.toContain(stale);
     expect(left).toContain(`https://${host}/weather`); // paid minutes ago
+  });
+});
+
+describe("without PostgreSQL: the devnet's router and one router on its embedded engine", () => {
+  it("npm start's router catalogues a settled declaration and lists it at GET /v2/discovery/resources (a loopback resource: unproven)", async () => {
+    const resource = `https://devnet-${run}.example.com/api`;
+    const devnetRouter = { url: devnet.info.routerUrl } as RunningRouter;
+    expect((await settled({ url: resource, description: `On the devnet ${run}` }, { via: devnetRouter })).bazaar).toEqual({ status: "success" });
+    const listed = await withBazaar(new HTTPFacilitatorClient({ url: devnet.info.routerUrl })).extensions.bazaar.listResources({ payTo: payTo() });
+    expect(listed.items.filter((i) => i.resource === resource)).toEqual([expect.objectContaining({ description: `On the devnet ${run}`, accepts: [expect.objectContaining({ payTo: payTo(), amount: "1000" })] })]);
+  });
+
+  it("a router with --data-dir keeps the catalog in its own embedded engine: the row is there after it stops, and served again after a restart", async () => {
+    const dataDir = await mkdtemp(join(tmpdir(), "x402-router-data-"));
+    const start = () => startRouterService({ routingTablePath: join(devnet.dir, "routing.json"), host: "127.0.0.1", port: 0, dataDir, discovery: true, routerTokenFile: devnetRouterTokenFile(devnet.dir) }, pino({ level: "silent" }));
+    const resource = `https://embedded-${run}.example.com/api`;
+    let embedded = await start();
+    try {
+      expect((await settled({ url: resource, description: `Embedded ${run}` }, { via: embedded })).bazaar).toEqual({ status: "success" });
+      await embedded.close();
+      // The router's own files, read once it stopped (an embedded engine has one process at a time).
+      const store = await openDatabase({ dataDir });
+      try {
+        expect(await entryRow(resource, store)).toMatchObject({ description: `Embedded ${run}`, owner_pay_to: null, accept_verified: [false], accepts: [expect.objectContaining({ payTo: payTo(), amount: "1000" })] });
+      } finally {
+        await store.close();
+      }
+      expect(await entryRow(resource)).toBeUndefined(); // nothing in the shared PostgreSQL
+      embedded = await start();
+      const listed = await withBazaar(new HTTPFacilitatorClient({ url: embedded.url })).extensions.bazaar.listResources({});
+      expect(listed.items.map((i) => i.resource)).toEqual([resource]);
+    } finally {
+      await embedded.close();
+      await rm(dataDir, { recursive: true, force: true });
+    }
   });
 });
 

@@ -29,6 +29,9 @@ describe("docs: every block a reader could paste says whether it runs", () => {
   it("finds the pages and their runnable blocks", () => {
     expect(pages).toEqual(expect.arrayContaining(["README.md", "docs/hub.md", "docs/wallets.md", "docs/schemes/exact.md"]));
     expect(runnableShell.map((b) => b.page)).toEqual(expect.arrayContaining(["README.md", "docs/hub.md", "docs/wallets.md", "docs/metrics.md", "docs/schemes/exact.md", "docs/schemes/upto.md", "docs/schemes/batch-settlement.md"]));
+    // npm start serves discovery, and API keys on the devnet started with --api-keys (issue 35)
+    expect(runnableShell.some((b) => b.body.includes("/v2/discovery/resources"))).toBe(true);
+    expect(runnableShell.filter((b) => b.devnet === "api-keys").map((b) => b.page)).toContain("docs/tenants.md");
   });
 
   it("marks every shell and TypeScript block `run` or `illustration`", () => {
@@ -67,56 +70,86 @@ describe("docs: the output comparison", () => {
   });
 });
 
-describe("docs: every runnable block runs on a devnet as written", () => {
-  let devnet: Awaited<ReturnType<typeof startTestDevnet>>;
-  let scratch: string;
-  let env: NodeJS.ProcessEnv;
+/** A devnet the blocks run on, and the scratch directory laid out like the repository root around it. */
+interface DocsDevnet {
+  devnet: Awaited<ReturnType<typeof startTestDevnet>>;
+  scratch: string;
+  env: NodeJS.ProcessEnv;
+  addresses: Map<string, string>;
+}
+
+/** The devnets blocks may ask for (`devnet=...`): the default one, and one whose router requires API keys. */
+const DEVNET_VARIANTS: Record<string, { networks: (typeof NETWORKS)[number]["network"][]; opts: Parameters<typeof startTestDevnet>[1] }> = {
+  default: { networks: ["eip155:8453", "eip155:56"], opts: {} },
+  "api-keys": { networks: ["eip155:8453"], opts: { apiKeys: true, hub: false, wallets: false } },
+};
+
+async function startDocsDevnet(variant: string): Promise<DocsDevnet> {
+  const { networks, opts } = DEVNET_VARIANTS[variant]!;
+  const devnet = await startTestDevnet(networks, opts);
+  const info = devnet.info;
   const addresses = new Map<string, string>();
+  const origin = (url: string | null) => (url ? new URL(url).origin : "");
+  // The devnet's documented ports (npm start: router 4020, admin +100, hub +10, wallets +20,
+  // facilitator of the i-th network +101+i, its admin +301+i) → the test devnet's.
+  addresses.set("4020", origin(info.routerUrl)).set("4120", origin(info.routerAdminUrl));
+  addresses.set("4030", origin(info.hubUrl)).set("4130", origin(info.hubAdminUrl));
+  addresses.set("4040", origin(info.walletsUrl)).set("4140", origin(info.walletsAdminUrl));
+  for (const n of info.networks) {
+    const i = NETWORKS.findIndex((x) => x.network === n.network);
+    addresses.set(String(4121 + i), origin(n.facilitatorUrl)).set(String(4321 + i), origin(n.adminUrl));
+  }
+  const scratch = await mkdtemp(join(tmpdir(), "x402-docs-"));
+  await symlink(devnet.dir, join(scratch, ".devnet"));
+  await symlink(join(ROOT, "examples"), join(scratch, "examples"));
+  // `npx <bin>` as in the repository: this checkout's binaries, nothing downloaded.
+  await mkdir(join(scratch, ".bin"));
+  await writeFile(
+    join(scratch, ".bin", "npx"),
+    [
+      "#!/usr/bin/env bash",
+      'case "$1" in',
+      `  x402-fleet) shift; exec node ${JSON.stringify(join(ROOT, "bin", "x402-fleet.js"))} "$@";;`,
+      `  tsx) shift; exec ${JSON.stringify(join(ROOT, "node_modules", ".bin", "tsx"))} "$@";;`,
+      '  *) echo "docs test: npx $1 is not a binary of this repository" >&2; exit 127;;',
+      "esac",
+      "",
+    ].join("\n"),
+  );
+  await chmod(join(scratch, ".bin", "npx"), 0o755);
+  const env = { ...process.env, PATH: `${join(scratch, ".bin")}:${process.env.PATH}`, LOG_LEVEL: "warn" };
+  return { devnet, scratch, env, addresses };
+}
+
+describe("docs: every runnable block runs on a devnet as written", () => {
+  const devnets = new Map<string, Promise<DocsDevnet>>();
+  /** A variant's devnet, started when a block first needs it. */
+  const devnetFor = (variant = "default") => {
+    if (!DEVNET_VARIANTS[variant]) throw new Error(`no devnet variant ${variant} (devnet=${Object.keys(DEVNET_VARIANTS).join("|")})`);
+    if (!devnets.has(variant)) devnets.set(variant, startDocsDevnet(variant));
+    return devnets.get(variant)!;
+  };
 
   beforeAll(async () => {
-    devnet = await startTestDevnet(["eip155:8453", "eip155:56"]);
-    const info = devnet.info;
-    const origin = (url: string | null) => (url ? new URL(url).origin : "");
-    // The devnet's documented ports (npm start: router 4020, admin +100, hub +10, wallets +20,
-    // facilitator of the i-th network +101+i, its admin +301+i) → the test devnet's.
-    addresses.set("4020", origin(info.routerUrl)).set("4120", origin(info.routerAdminUrl));
-    addresses.set("4030", origin(info.hubUrl)).set("4130", origin(info.hubAdminUrl));
-    addresses.set("4040", origin(info.walletsUrl)).set("4140", origin(info.walletsAdminUrl));
-    for (const n of info.networks) {
-      const i = NETWORKS.findIndex((x) => x.network === n.network);
-      addresses.set(String(4121 + i), origin(n.facilitatorUrl)).set(String(4321 + i), origin(n.adminUrl));
-    }
-    scratch = await mkdtemp(join(tmpdir(), "x402-docs-"));
-    await symlink(devnet.dir, join(scratch, ".devnet"));
-    await symlink(join(ROOT, "examples"), join(scratch, "examples"));
-    // `npx <bin>` as in the repository: this checkout's binaries, nothing downloaded.
-    await mkdir(join(scratch, ".bin"));
-    await writeFile(
-      join(scratch, ".bin", "npx"),
-      [
-        "#!/usr/bin/env bash",
-        'case "$1" in',
-        `  x402-fleet) shift; exec node ${JSON.stringify(join(ROOT, "bin", "x402-fleet.js"))} "$@";;`,
-        `  tsx) shift; exec ${JSON.stringify(join(ROOT, "node_modules", ".bin", "tsx"))} "$@";;`,
-        '  *) echo "docs test: npx $1 is not a binary of this repository" >&2; exit 127;;',
-        "esac",
-        "",
-      ].join("\n"),
-    );
-    await chmod(join(scratch, ".bin", "npx"), 0o755);
-    env = { ...process.env, PATH: `${join(scratch, ".bin")}:${process.env.PATH}`, LOG_LEVEL: "warn" };
-  });
+    await devnetFor();
+  }, 150_000);
 
   afterAll(async () => {
-    await devnet?.stop();
-    if (scratch) await rm(scratch, { recursive: true, force: true });
+    for (const started of devnets.values()) {
+      const d = await started.catch(() => undefined);
+      await d?.devnet.stop();
+      if (d?.scratch) await rm(d.scratch, { recursive: true, force: true });
+    }
   });
 
-  const run = (body: string) => runShellBlock(body, { cwd: scratch, env, addresses, timeoutMs: 120_000 });
+  const run = async (body: string, variant?: string) => {
+    const { scratch, env, addresses } = await devnetFor(variant);
+    return runShellBlock(body, { cwd: scratch, env, addresses, timeoutMs: 120_000 });
+  };
 
   for (const block of runnableShell) {
     it(`${block.page}:${block.line}`, { timeout: 150_000 }, async () => {
-      const result = await run(block.body);
+      const result = await run(block.body, block.devnet);
       expect(describeFailures(result), `${relative(ROOT, join(ROOT, block.page))}:${block.line}`).toBe("");
     });
   }

@@ -71,7 +71,7 @@ describe("service contract: paths and methods", () => {
       if (k.scheme === "upto") expect(k.extra).toEqual({ facilitatorAddress: signer });
       else expect(k.extra).toBeUndefined(); // extra only for upto (no receiverAuthorizer unless configured)
     }
-    expect(r.json.extensions).toEqual(["eip2612GasSponsoring", "erc20ApprovalGasSponsoring", "payment-identifier"]); // the devnet sponsors approvals
+    expect(r.json.extensions).toEqual(["eip2612GasSponsoring", "erc20ApprovalGasSponsoring", "payment-identifier", "bazaar"]); // the devnet sponsors approvals; its router serves the discovery catalog
     const signers = (r.json.signers as Record<string, string[]>)["eip155:*"];
     expect(signers).toEqual(expect.arrayContaining(devnet.info.networks.flatMap((n) => n.signers)));
   });

@@ -8,7 +8,7 @@ import { NETWORKS, type Caip2 } from "../x402/networks.ts";
 import type { DevnetOptions } from "./devnet.ts";
 import type { PayOptions } from "./pay.ts";
 
-const FLAGS = { ...stringFlags("networks", "port", "host", "state-dir"), "block-times": { type: "boolean" } } as const;
+const FLAGS = { ...stringFlags("networks", "port", "host", "state-dir"), "block-times": { type: "boolean" }, "api-keys": { type: "boolean" }, "no-discovery": { type: "boolean" } } as const;
 
 const DEVNET_NETWORKS = NETWORKS.map((n) => n.network);
 
@@ -19,6 +19,8 @@ export function devnetOptionsFrom(flags: FlagValues<typeof FLAGS>, env: NodeJS.P
     host: flags.host,
     stateDir: flags["state-dir"],
     blockTimes: flags["block-times"],
+    apiKeys: flags["api-keys"],
+    discovery: !flags["no-discovery"],
   };
 }
 
@@ -50,6 +52,8 @@ export const devnetCli = serviceCommand({
   --port 4020   (env PORT; the router's: hub +10, wallets +20, admin ports +100; 0 picks free ports)
   --host 127.0.0.1 --state-dir .devnet
   [--block-times]   mine at each chain's block time and settle at its confirmations
+  [--api-keys]   the router requires API keys; its key admin API's token in <state-dir>/keys/router-admin-token
+  [--no-discovery]   no bazaar catalog at /v2/discovery/* (on by default)
 env: LOG_LEVEL (default warn)
 `,
   flags: FLAGS,
@@ -67,7 +71,7 @@ env: LOG_LEVEL (default warn)
   },
 });
 
-const PAY_FLAGS = { ...stringFlags("network", "amount", "method", "state-dir"), "body-only": { type: "boolean" } } as const;
+const PAY_FLAGS = { ...stringFlags("network", "amount", "method", "state-dir", "resource", "api-key"), "body-only": { type: "boolean" }, bazaar: { type: "boolean" } } as const;
 
 export function payOptionsFrom(flags: FlagValues<typeof PAY_FLAGS>): PayOptions {
   return {
@@ -76,6 +80,9 @@ export function payOptionsFrom(flags: FlagValues<typeof PAY_FLAGS>): PayOptions 
     amount: flags.amount ?? "10000",
     method: oneOf("--method", flags.method, ["eip3009", "permit2"] as const),
     bodyOnly: flags["body-only"],
+    bazaar: flags.bazaar,
+    resource: flags.resource,
+    apiKey: flags["api-key"],
   };
 }
 
@@ -84,6 +91,9 @@ export const payCli = defineCommand({
   summary: "sign, verify and settle an example payment on a running devnet",
   help: `  --network eip155:8453 --amount 10000 [--method eip3009|permit2] [--state-dir .devnet]
   [--body-only]   print the signed request body for curl instead of sending it
+  [--bazaar] [--resource https://api.example.com/premium]   declare the resource for the router's
+      discovery catalog (GET /v2/discovery/resources lists it once the payment settled)
+  [--api-key KEY]   for a devnet started with --api-keys (npx x402-fleet api-key-create makes one)
 `,
   flags: PAY_FLAGS,
   run: async (flags) => {

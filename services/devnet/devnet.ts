@@ -1,8 +1,8 @@
 // The embedded default: real anvil nodes for the contract's networks, our devnet contracts and
 // tokens on them, one facilitator service per network and the router, all on this machine.
 import { randomBytes } from "node:crypto";
-import { mkdir, writeFile } from "node:fs/promises";
-import { join, resolve } from "node:path";
+import { mkdir, rm, writeFile } from "node:fs/promises";
+import { dirname, join, resolve } from "node:path";
 import { mnemonicToAccount } from "viem/accounts";
 import { bytesToHex, type Address, type Hex } from "viem";
 import { NETWORKS, networkInfo, type AssetInfo, type Caip2 } from "../x402/networks.ts";
@@ -48,6 +48,10 @@ export interface DevnetOptions {
   blockTimes?: boolean;
   /** Without blockTimes: mine an empty block when a chain's head is older than 30 s (anvil.ts keepHeadFresh); default true. */
   freshHead?: boolean;
+  /** The router's bazaar catalog at /v2/discovery/* (on the devnet's engine); default true. */
+  discovery?: boolean;
+  /** The router requires API keys, managed through its admin API with the token in keys/router-admin-token; default false. */
+  apiKeys?: boolean;
 }
 
 /** Starting base fees of the devnet chains where anvil's default (1 gwei) is not the chain's: BSC has none, Arbitrum's floor is 0.01 gwei. */
@@ -79,6 +83,8 @@ export interface DevnetInfo {
   walletsApiKey: string | null;
   /** /metrics, /healthz, /readyz of the wallet service. */
   walletsAdminUrl: string | null;
+  /** With API keys (--api-keys): the bearer token of the router's key admin API (routerAdminUrl/admin/v1/*), also in keys/router-admin-token. */
+  routerAdminToken: string | null;
   networks: DevnetNetwork[];
   payers: { address: Address; privateKey: Hex; permit2Approved: boolean }[];
   receivers: { address: Address; privateKey: Hex }[];
@@ -92,6 +98,11 @@ export interface DevnetInfo {
 /** The token the devnet's router presents to its facilitators (platform/router-token.ts); another router on the devnet's table needs it to settle. */
 export function devnetRouterTokenFile(stateDir: string): string {
   return join(resolve(stateDir), "keys", "router-token");
+}
+
+/** The router's key admin token on a devnet started with API keys. */
+export function devnetRouterAdminTokenFile(stateDir: string): string {
+  return join(resolve(stateDir), "keys", "router-admin-token");
 }
 
 export interface RunningDevnet {
@@ -208,8 +219,24 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
     };
     const routingTablePath = join(stateDir, "routing.json");
     await writeFile(routingTablePath, JSON.stringify(table, null, 2));
+    // Keys and the catalog on the devnet's one engine, as the router's own embedded engine would keep them for one replica.
+    // Loopback resources cannot prove a declaration (discovery/verification.ts): their entries stay unproven, and listed.
+    const routerAdminToken = opts.apiKeys ? randomBytes(24).toString("hex") : null;
+    const adminTokenFile = devnetRouterAdminTokenFile(stateDir);
+    if (routerAdminToken) await writeFile(adminTokenFile, `${routerAdminToken}\n`, { mode: 0o600 });
+    else await rm(adminTokenFile, { force: true }); // a previous run's token opens nothing now
     router = await startRouterService(
-      { routingTablePath, host, port: routerPort, adminPort: routerPort === 0 ? 0 : routerPort + 100, routerTokenFile },
+      {
+        routingTablePath,
+        host,
+        port: routerPort,
+        adminPort: routerPort === 0 ? 0 : routerPort + 100,
+        routerTokenFile,
+        db: database,
+        discovery: opts.discovery ?? true,
+        apiKeys: opts.apiKeys ?? false,
+        adminTokenFile: routerAdminToken ? adminTokenFile : undefined,
+      },
       logger.child({ service: "router" }),
     );
 
@@ -246,6 +273,7 @@ export async function startDevnet(opts: DevnetOptions = {}): Promise<RunningDevn
       walletsUrl: wallets?.running.url ?? null,
       walletsApiKey: wallets?.apiKey ?? null,
       walletsAdminUrl: wallets?.running.adminUrl ?? null,
+      routerAdminToken,
       networks: networks.map(({ net, anvil, facilitator, facilitatorRpcUrl, confirmations }) => ({
         network: net.network,
         chainId: net.chainId,
@@ -277,7 +305,8 @@ export function devnetGuide(info: DevnetInfo, infoPath: string): string {
     "",
     "x402-fleet devnet is running",
     "",
-    row("router", `${info.routerUrl}   (POST /verify, POST /settle, GET /supported)`),
+    row("router", `${info.routerUrl}   (POST /verify, POST /settle, GET /supported, GET /discovery/resources)`),
+    ...(info.routerAdminToken ? [row("API keys", `required; create one: npx x402-fleet api-key-create --name shop --admin-url ${info.routerAdminUrl} --admin-token-file ${devnetRouterAdminTokenFile(dirname(infoPath))}`)] : []),
     ...info.networks.map((n) => row(n.network, `rpc ${n.rpcUrl}   facilitator ${n.facilitatorUrl}`)),
     ...(info.hubUrl ? [row("hub", `${info.hubUrl}   (POST /api/upload signed by the owner's wallet, /api/download, /api/conversation; docs/hub.md)`)] : []),
     ...(info.walletsUrl ? [row("wallets", `${info.walletsUrl}   (custodial agent wallets; API key: walletsApiKey in the details; docs/wallets.md)`)] : []),

@@ -3,6 +3,7 @@
 import { readFile } from "node:fs/promises";
 import { ExactEvmScheme } from "@x402/evm/exact/client";
 import type { PaymentRequirements } from "@x402/core/types";
+import { declareDiscoveryExtension } from "@x402/extensions/bazaar";
 import { privateKeyToAccount } from "viem/accounts";
 import type { DevnetInfo } from "./devnet.ts";
 
@@ -13,6 +14,15 @@ export interface PayOptions {
   method?: "eip3009" | "permit2";
   /** Print the signed request body (service-contract shape) instead of sending it. */
   bodyOnly?: boolean;
+  /**
+   * Declare the resource for the router's discovery catalog (the bazaar extension, as a resource
+   * server's 402 answer carries it); the body then has the standard v2 shape, which carries it.
+   */
+  bazaar?: boolean;
+  /** The resource paid for (default https://api.example.com/premium). */
+  resource?: string;
+  /** Sent as Authorization: Bearer (a devnet started with --api-keys requires one). */
+  apiKey?: string;
   print?: (line: string) => void;
 }
 
@@ -37,8 +47,9 @@ export async function payOnDevnet(opts: PayOptions): Promise<{ verify: unknown; 
   };
   const client = new ExactEvmScheme(privateKeyToAccount(payer.privateKey));
   const signed = await client.createPaymentPayload(2, requirements);
+  const resource = opts.resource ?? "https://api.example.com/premium";
   // The service contract's request shape; the standard v2 shape (paymentPayload.accepted) works too.
-  const body = {
+  const body = opts.bazaar ? declaredBody(requirements, signed.payload, resource) : {
     paymentPayload: { x402Version: 2, scheme: "exact", network: net.network, payload: signed.payload },
     paymentRequirements: {
       scheme: "exact",
@@ -46,7 +57,7 @@ export async function payOnDevnet(opts: PayOptions): Promise<{ verify: unknown; 
       asset: asset.address,
       payTo: requirements.payTo,
       maxAmountRequired: opts.amount,
-      resource: "https://api.example.com/premium",
+      resource,
       maxTimeoutSeconds: 60,
     },
   };
@@ -56,12 +67,28 @@ export async function payOnDevnet(opts: PayOptions): Promise<{ verify: unknown; 
   }
   print(`paying ${opts.amount} atomic ${asset.symbol} on ${net.network} from ${payer.address} to ${requirements.payTo} (${method})`);
   const call = async (action: string) => {
-    const res = await fetch(`${info.routerUrl}/${action}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+    const res = await fetch(`${info.routerUrl}/${action}`, { method: "POST", headers: { "content-type": "application/json", ...(opts.apiKey ? { authorization: `Bearer ${opts.apiKey}` } : {}) }, body: JSON.stringify(body) });
     const json = await res.json();
     print(`POST ${info.routerUrl}/${action} -> ${res.status} ${JSON.stringify(json)}`);
+    // The catalog's outcome for a declaration (EXTENSION-RESPONSES): catalogued, or why not.
+    const outcome = res.headers.get("extension-responses");
+    if (outcome) print(`extension responses: ${Buffer.from(outcome, "base64").toString("utf8")}`);
     return json;
   };
   const verify = await call("verify");
   const settle = await call("settle");
   return { verify, settle };
+}
+
+/** A payment declaring its resource (bazaar), in the standard v2 shape: what a reference client sends after a resource server's 402. */
+function declaredBody(requirements: PaymentRequirements, payload: Record<string, unknown>, url: string) {
+  const declared = declareDiscoveryExtension({ input: { q: "example" }, inputSchema: { properties: { q: { type: "string" } } }, output: { example: { answer: "42" } } });
+  // The resource server's extension adds the route's method before the 402 goes out.
+  const bazaar = declared.bazaar!;
+  const extensions = { bazaar: { ...bazaar, info: { ...bazaar.info, input: { ...bazaar.info.input, method: "GET" } } } };
+  return {
+    x402Version: 2,
+    paymentPayload: { x402Version: 2, resource: { url, description: "An example paid API on the devnet", mimeType: "application/json" }, accepted: requirements, payload, extensions },
+    paymentRequirements: requirements,
+  };
 }

@@ -3,7 +3,7 @@
 import { FlagError, flagOrEnv, port, serviceCommand, stringFlags, wholeNumber, type FlagValues } from "../platform/flags.ts";
 import type { RouterConfig } from "./service.ts";
 
-const FLAGS = stringFlags("routing-table", "host", "port", "admin-port");
+const FLAGS = stringFlags("routing-table", "host", "port", "admin-port", "data-dir");
 
 export function routerOptionsFrom(flags: FlagValues<typeof FLAGS>, env: NodeJS.ProcessEnv): RouterConfig {
   const listen = {
@@ -14,9 +14,6 @@ export function routerOptionsFrom(flags: FlagValues<typeof FLAGS>, env: NodeJS.P
   if (!routingTablePath) throw new Error("router: --routing-table (or X402_ROUTING_TABLE) is required");
   const apiKeys = env.X402_ROUTER_API_KEYS === "required";
   const discovery = env.X402_ROUTER_DISCOVERY === "on";
-  // The replicas share keys, quotas and the catalog: an embedded engine would split them.
-  if (apiKeys && !env.DATABASE_URL) throw new Error("router: X402_ROUTER_API_KEYS=required needs DATABASE_URL (the PostgreSQL database the replicas share)");
-  if (discovery && !env.DATABASE_URL) throw new Error("router: X402_ROUTER_DISCOVERY=on needs DATABASE_URL (the PostgreSQL database the replicas share)");
   const routerTokenFile = env.X402_ROUTER_TOKEN_FILE || undefined;
   // A facilitator reads a gas allowance only from a router it authenticates: without the token a
   // tenant's budget would not bind there, and its port would settle for anyone.
@@ -29,7 +26,9 @@ export function routerOptionsFrom(flags: FlagValues<typeof FLAGS>, env: NodeJS.P
   };
   return {
     maxInFlight: { verify: cap("X402_MAX_VERIFY_IN_FLIGHT", 16_384), settle: cap("X402_MAX_SETTLE_IN_FLIGHT", 16_384) },
-    databaseUrl: env.DATABASE_URL,
+    // Several replicas share keys, quotas and the catalog in DATABASE_URL; without it one router keeps them in its own embedded engine.
+    databaseUrl: env.DATABASE_URL || undefined,
+    dataDir: flags["data-dir"] ?? env.X402_ROUTER_DATA_DIR ?? ".data/router",
     apiKeys,
     discovery,
     adminTokenFile: env.X402_ROUTER_ADMIN_TOKEN_FILE || undefined,
@@ -45,9 +44,11 @@ export const routerCli = serviceCommand({
   summary: "the public /v2 edge",
   help: `  --routing-table FILE   (env X402_ROUTING_TABLE; required)
   --port 4020 --admin-port 9420 --host 127.0.0.1   (env PORT, ADMIN_PORT, HOST)
+  --data-dir .data/router   (env X402_ROUTER_DATA_DIR) the embedded engine of keys and catalog: one replica only
 env: OTEL_EXPORTER_OTLP_ENDPOINT,
-  X402_ROUTER_API_KEYS=required with DATABASE_URL: /verify and /settle need an API key,
-  X402_ROUTER_DISCOVERY=on with DATABASE_URL: the bazaar catalog at /v2/discovery/*,
+  DATABASE_URL: the PostgreSQL database several replicas share (keys, quotas, usage, catalog),
+  X402_ROUTER_API_KEYS=required: /verify and /settle need an API key,
+  X402_ROUTER_DISCOVERY=on: the bazaar catalog at /v2/discovery/*,
   X402_ROUTER_ADMIN_TOKEN_FILE: the key admin API at /admin/v1/* on the admin port,
   X402_ROUTER_TOKEN_FILE: the token sent to the facilitators (its first line; required with API keys),
   X402_MAX_VERIFY_IN_FLIGHT, X402_MAX_SETTLE_IN_FLIGHT: requests held at once (16384 each), past it 503 + Retry-After

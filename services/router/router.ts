@@ -245,11 +245,12 @@ export function createRouter(opts: RouterOptions): Router {
   async function recordUsage(key: ApiKeyInfo, action: "verify" | "settle", network: string, body: unknown, answer: string | undefined, gasWei: bigint | undefined) {
     const ok = answer !== undefined && paid(action, answer);
     opts.metrics.tenantRequests.inc({ key: key.id, network, action, result: ok ? "ok" : "refused" });
-    const requirements = (body as { paymentRequirements?: { asset?: unknown; amount?: unknown } }).paymentRequirements ?? {};
+    const requirements = (body as { paymentRequirements?: { asset?: unknown; amount?: unknown; maxAmountRequired?: unknown } }).paymentRequirements ?? {};
     const asset = typeof requirements.asset === "string" ? requirements.asset : "unknown";
     let amount = 0n;
     try {
-      amount = BigInt(String(requirements.amount ?? 0));
+      // The service contract's shape names the amount maxAmountRequired (the facilitator settles either).
+      amount = BigInt(String(requirements.amount ?? requirements.maxAmountRequired ?? 0));
     } catch {
       amount = 0n;
     }

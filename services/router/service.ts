@@ -1,9 +1,8 @@
 // Starts the router: the routing table file, the /v2 contract surface, the forwarding pools.
 import { createContractApp, type InFlightCaps } from "../platform/http.ts";
-import { serve, startService, type RunningService } from "../platform/lifecycle.ts";
+import { databaseLabel, serve, serviceDatabase, startService, type DatabaseOptions, type RunningService } from "../platform/lifecycle.ts";
 import { createLogger, type Logger } from "../platform/logger.ts";
 import { createMetrics } from "../platform/metrics.ts";
-import { openDatabase } from "../platform/storage.ts";
 import { API_KEY_MIGRATIONS, createApiKeyStore } from "../tenants/api-keys.ts";
 import { createRouter } from "./router.ts";
 import { createRouterDiscovery } from "./discovery.ts";
@@ -14,7 +13,7 @@ import { DEFAULT_CATALOG_MAX_AGE_MS, DISCOVERY_MIGRATIONS, createCatalog } from 
 import { createResourceVerifier, type VerificationOptions } from "../discovery/verification.ts";
 import { watchRoutingTable } from "./routing-table.ts";
 
-export interface RouterConfig {
+export interface RouterConfig extends DatabaseOptions {
   routingTablePath: string;
   host: string;
   port: number;
@@ -22,14 +21,15 @@ export interface RouterConfig {
   bodyLimit?: number;
   /** How often backends are probed for x402_router_backend_up. */
   probeIntervalMs?: number;
-  /** The PostgreSQL database the replicas share (API keys, quotas, usage, the discovery catalog). */
-  databaseUrl?: string;
+  // Where keys, quotas, usage and the catalog live (DatabaseOptions): `databaseUrl`, the PostgreSQL
+  // database several replicas share; else the embedded engine in `dataDir` (in memory without it),
+  // which serves one replica only: two routers on their own engines would each count their own quotas.
   /**
-   * Require API keys on /verify and /settle, kept in `databaseUrl` (`x402-fleet api-key-*` manages
-   * them). Off: the endpoints are open, as the contract says.
+   * Require API keys on /verify and /settle, kept in the router's database (`x402-fleet api-key-*`
+   * or the admin API manages them). Off: the endpoints are open, as the contract says.
    */
   apiKeys?: boolean;
-  /** Catalogue paid requests' bazaar declarations in `databaseUrl` and serve GET /v2/discovery/*. */
+  /** Catalogue paid requests' bazaar declarations in the router's database and serve GET /v2/discovery/*. */
   discovery?: boolean;
   /**
    * How declarations are proven against the resource's own 402 answer (discovery/verification.ts):
@@ -49,12 +49,11 @@ export type RunningRouter = RunningService;
 
 export async function startRouterService(config: RouterConfig, logger: Logger = createLogger("router")): Promise<RunningRouter> {
   const metrics = createMetrics("router");
-  if ((config.apiKeys || config.discovery) && !config.databaseUrl) throw new Error("router: API keys and the discovery catalog need a shared PostgreSQL database (DATABASE_URL)");
   const migrations = [...(config.apiKeys ? API_KEY_MIGRATIONS : []), ...(config.discovery ? DISCOVERY_MIGRATIONS : [])];
   if (config.adminTokenFile && !config.apiKeys) throw new Error("router: an admin token (X402_ROUTER_ADMIN_TOKEN_FILE) manages API keys: it needs X402_ROUTER_API_KEYS=required");
   const adminToken = config.adminTokenFile ? readAdminTokenFile(config.adminTokenFile, "router") : undefined;
   return startService(async (life) => {
-    const keysDb = migrations.length ? life.own(await openDatabase({ url: config.databaseUrl, migrations })) : undefined;
+    const keysDb = migrations.length ? await serviceDatabase(life, config, migrations, { logger }) : undefined;
     const apiKeys = keysDb && config.apiKeys ? createApiKeyStore(keysDb) : undefined;
     const catalog = keysDb && config.discovery ? createCatalog(keysDb) : undefined;
     // Owned after the database: closed first, so no proof is written to a closed database.
@@ -87,7 +86,7 @@ export async function startRouterService(config: RouterConfig, logger: Logger = 
       checks: [{ name: "routing_table_loaded", check: async () => source.current() !== undefined }],
       routes: apiKeys && adminToken ? (scope) => registerKeyAdmin(scope, { keys: apiKeys, token: adminToken }) : undefined,
     });
-    logger.info({ url: `${url}/v2`, admin: adminUrl, table: config.routingTablePath, apiKeys: apiKeys ? "required" : "off", discovery: discovery ? "on" : "off" }, "router listening");
+    logger.info({ url: `${url}/v2`, admin: adminUrl, table: config.routingTablePath, apiKeys: apiKeys ? "required" : "off", discovery: discovery ? "on" : "off", ...(keysDb ? databaseLabel(config) : {}) }, "router listening");
     return { url: `${url}/v2`, adminUrl };
   });
 }

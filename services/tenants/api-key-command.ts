@@ -1,13 +1,76 @@
-// `x402-fleet api-key-*`: manage the routers' API keys in their shared database (DATABASE_URL).
+// `x402-fleet api-key-*`: manage the routers' API keys in their shared database (DATABASE_URL), or
+// through a router's key admin API (--admin-url with its admin token): the only way to a router on
+// its embedded engine (a devnet, one replica), whose files no second process may open.
 // A new or rotated key is printed once; only its hash is stored.
-import { defineCommand, list, stringFlags, type Command, type FlagSpec } from "../platform/flags.ts";
+import { readFileSync } from "node:fs";
+import { defineCommand, httpUrl, list, stringFlags, type Command, type FlagSpec } from "../platform/flags.ts";
 import { openDatabase } from "../platform/storage.ts";
 import { CAIP2_PATTERN } from "../x402/networks.ts";
 import { SCHEMES } from "../x402/wire.ts";
-import { API_KEY_MIGRATIONS, createApiKeyStore, type ApiKeyInfo, type KeyLimits } from "./api-keys.ts";
+import { API_KEY_MIGRATIONS, createApiKeyStore, type ApiKeyInfo, type ApiKeyStore, type KeyLimits } from "./api-keys.ts";
 
 /** The flags of every api-key-* command, each taking its own (their help says which). */
-export type ApiKeyFlags = Partial<Record<"name" | "networks" | "schemes" | "id" | "requests-per-minute" | "settlements-per-day" | "gas-budget" | "since", string>>;
+export type ApiKeyFlags = Partial<Record<"name" | "networks" | "schemes" | "id" | "requests-per-minute" | "settlements-per-day" | "gas-budget" | "since" | "admin-url" | "admin-token-file", string>>;
+
+/** What the commands do to the keys: the store itself, or a router's admin API standing in for it. */
+type KeyAdmin = Pick<ApiKeyStore, "create" | "setLimits" | "usage" | "list" | "rotate" | "revoke"> & { close(): Promise<void> };
+
+/** The key admin API of a router (tenants/admin-api.ts) behind the store's interface; its refusals become the command's error. */
+function httpKeyAdmin(command: string, adminUrl: string, token: string): KeyAdmin {
+  const call = async <T>(method: string, path: string, body?: unknown): Promise<T | undefined> => {
+    let res: Response;
+    try {
+      res = await fetch(new URL(path, adminUrl), {
+        method,
+        headers: { authorization: `Bearer ${token}`, ...(body === undefined ? {} : { "content-type": "application/json" }) },
+        body: body === undefined ? undefined : JSON.stringify(body),
+        signal: AbortSignal.timeout(30_000),
+      });
+    } catch (e) {
+      throw new Error(`${command}: the router's admin API at ${new URL(adminUrl).origin} cannot be reached (${(e as { cause?: { code?: string } }).cause?.code ?? (e as Error).name})`);
+    }
+    const json = (await res.json().catch(() => ({}))) as T & { error?: string };
+    if (res.status === 404 && json.error?.startsWith("not_found")) return undefined;
+    if (!res.ok) throw new Error(`${command}: the router's admin API answered ${res.status}${json.error ? ` ${json.error}` : ""}`);
+    return json;
+  };
+  const keyPath = (id: string, action = "") => `/admin/v1/api-keys/${encodeURIComponent(id)}${action}`;
+  return {
+    create: async (name, scope) => {
+      const r = (await call<{ key: string; apiKey: ApiKeyInfo }>("POST", "/admin/v1/api-keys", { ...scope, name }))!;
+      return { key: r.key, info: r.apiKey };
+    },
+    setLimits: async (id, limits) => (await call<{ apiKey: ApiKeyInfo }>("PATCH", keyPath(id), limits))?.apiKey,
+    usage: async (filter = {}) => (await call<{ usage: Awaited<ReturnType<ApiKeyStore["usage"]>> }>("GET", `/admin/v1/usage?${new URLSearchParams(Object.entries(filter).filter(([, v]) => v !== undefined) as [string, string][])}`))!.usage,
+    list: async () => (await call<{ apiKeys: ApiKeyInfo[] }>("GET", "/admin/v1/api-keys"))!.apiKeys,
+    rotate: async (id) => {
+      const r = await call<{ key: string; apiKey: ApiKeyInfo }>("POST", keyPath(id, "/rotate"));
+      return r && { key: r.key, info: r.apiKey };
+    },
+    revoke: async (id) => (await call<{ apiKey: ApiKeyInfo }>("POST", keyPath(id, "/revoke")))?.apiKey,
+    close: async () => undefined,
+  };
+}
+
+/** The keys behind DATABASE_URL, or behind a router's admin API. */
+async function keyAdminFor(command: string, flags: ApiKeyFlags, env: NodeJS.ProcessEnv): Promise<KeyAdmin> {
+  const adminUrl = flags["admin-url"] ?? (env.X402_ROUTER_ADMIN_URL || undefined);
+  if (adminUrl !== undefined) {
+    const url = httpUrl(flags["admin-url"] !== undefined ? "--admin-url" : "X402_ROUTER_ADMIN_URL", adminUrl);
+    const tokenFile = flags["admin-token-file"] ?? (env.X402_ROUTER_ADMIN_TOKEN_FILE || undefined);
+    if (!tokenFile) throw new Error(`${command}: --admin-url needs the router's admin token: --admin-token-file FILE (or X402_ROUTER_ADMIN_TOKEN_FILE)`);
+    let token: string;
+    try {
+      token = readFileSync(tokenFile, "utf8").trim();
+    } catch (e) {
+      throw new Error(`${command}: admin token file ${tokenFile} cannot be read (${(e as NodeJS.ErrnoException).code ?? "error"})`);
+    }
+    return httpKeyAdmin(command, url, token);
+  }
+  if (!env.DATABASE_URL) throw new Error(`${command}: DATABASE_URL (the routers' PostgreSQL database) or --admin-url (a router's key admin API, with --admin-token-file) is required`);
+  const db = await openDatabase({ url: env.DATABASE_URL, migrations: API_KEY_MIGRATIONS });
+  return { ...createApiKeyStore(db, { cacheMs: 0 }), close: () => db.close() };
+}
 
 /** A limit flag: a non-negative integer, or "none" (no limit); absent: not given. */
 function limit(flag: string, value: string | undefined): number | null | undefined {
@@ -60,10 +123,8 @@ export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env:
   if (flags.since !== undefined && !/^\d{4}-\d{2}-\d{2}$/.test(flags.since)) throw new Error("api-key-usage: --since is a UTC day, YYYY-MM-DD");
   const networks = validList(flags.networks, "network (eip155:<chain id>)", (s) => CAIP2_PATTERN.test(s));
   const schemes = validList(flags.schemes, `scheme (${SCHEMES.join(", ")})`, (s) => (SCHEMES as readonly string[]).includes(s));
-  if (!env.DATABASE_URL) throw new Error(`${command}: DATABASE_URL (the routers' PostgreSQL database) is required`);
-  const db = await openDatabase({ url: env.DATABASE_URL, migrations: API_KEY_MIGRATIONS });
+  const store = await keyAdminFor(command, flags, env);
   try {
-    const store = createApiKeyStore(db, { cacheMs: 0 });
     switch (command) {
       case "api-key-create": {
         if (!flags.name?.trim()) throw new Error("api-key-create: --name is required (who the key is for)");
@@ -97,20 +158,24 @@ export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env:
       }
     }
   } finally {
-    await db.close();
+    await store.close();
   }
 }
 
 const ID = stringFlags("id");
 const LIMITS = stringFlags("requests-per-minute", "settlements-per-day", "gas-budget");
-const ENV = "env: DATABASE_URL (the routers' PostgreSQL database; required)\n";
+const ADMIN = stringFlags("admin-url", "admin-token-file");
+const ENV = `  [--admin-url http://127.0.0.1:9420 --admin-token-file FILE]   (env X402_ROUTER_ADMIN_URL,
+      X402_ROUTER_ADMIN_TOKEN_FILE) through a router's key admin API instead of the database
+env: DATABASE_URL (the routers' PostgreSQL database; required without --admin-url)
+`;
 
 function apiKeyCli(name: string, summary: string, usage: string, flags: FlagSpec): Command {
   return defineCommand({
     name,
     summary,
     help: `${usage}${ENV}`,
-    flags,
+    flags: { ...flags, ...ADMIN },
     run: async (f, env) => {
       process.stdout.write(await runApiKeyCommand(name, f, env));
     },

@@ -5,6 +5,7 @@
 //   ```sh run                          every command runs against a devnet, in order, in one shell
 //   ```sh illustration                 shown, never run (production commands, placeholders)
 //   ```ts run file=examples/exact.ts   the block is that file, byte for byte; a `sh run` block runs it
+//   ```sh run devnet=api-keys          runs on a second devnet, started with --api-keys
 // `# ` lines directly under a command (no blank line between) are what the command prints. In
 // expected output `…` stands for anything: inside a string ("0x…"), as a value ({…}, […] or a
 // bare …), as an entry ("…": "…" allows keys the page does not show), or as a whole line (any lines).
@@ -22,6 +23,8 @@ export interface DocBlock {
   mark: "run" | "illustration" | undefined;
   /** `file=` of a TypeScript block: the file it shows. */
   file?: string;
+  /** `devnet=` of a shell block: the devnet variant it runs on (`api-keys`); unset: the default devnet. */
+  devnet?: string;
   body: string;
 }
 
@@ -42,7 +45,8 @@ export function parseBlocks(page: string, markdown: string): DocBlock[] {
     }
     const mark = words.find((w) => w === "run" || w === "illustration") as DocBlock["mark"];
     const file = words.find((w) => w.startsWith("file="))?.slice("file=".length);
-    blocks.push({ page, line: i + 1, lang: (words[0] ?? "").toLowerCase(), mark, file, body: body.join("\n") + (body.length ? "\n" : "") });
+    const devnet = words.find((w) => w.startsWith("devnet="))?.slice("devnet=".length);
+    blocks.push({ page, line: i + 1, lang: (words[0] ?? "").toLowerCase(), mark, file, devnet, body: body.join("\n") + (body.length ? "\n" : "") });
     i = j;
   }
   return blocks;
