@@ -19,6 +19,7 @@ import { setupDevnetChain } from "../../services/devnet/chain-setup.ts";
 import { networkInfo } from "../../services/x402/networks.ts";
 import { serviceShape, signEip3009, type PaymentSpec } from "./payments.ts";
 import { rpc } from "./onchain.ts";
+import { prng } from "./seeded.ts";
 
 export interface ChaosOptions {
   seed: number;
@@ -64,19 +65,7 @@ export interface ChaosReport {
   logDir: string;
 }
 
-// ---- seeded randomness
-
-/** mulberry32: small, fast, and the same sequence for the same seed on every machine. */
-export function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+// ---- the fault schedule (seeded: helpers/seeded.ts)
 
 const between = (rng: () => number, lo: number, hi: number) => Math.floor(lo + rng() * (hi - lo));
 const seededKey = (seed: number, role: string, i: number): Hex => keccak256(encodePacked(["string", "uint256", "string", "uint256"], ["x402-chaos", BigInt(seed), role, BigInt(i)]));

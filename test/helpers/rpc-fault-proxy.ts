@@ -10,6 +10,7 @@
 // connections lose the answer of a request the node has already executed.
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { Socket } from "node:net";
+import { prng } from "./seeded.ts";
 
 export const FAULT_KINDS = ["http_429", "http_429_retry_after", "http_500", "http_502", "http_503", "timeout", "malformed_json", "truncated", "rpc_error", "drop"] as const;
 /** Drawn at random: FAULT_KINDS; by schedule only: also a node that does not know the method. */
@@ -61,17 +62,6 @@ function pendingAsLatest(list: RpcCall[], batch: boolean): string | undefined {
   return JSON.stringify(batch ? rewritten : rewritten[0]);
 }
 
-/** mulberry32: small, fast, and the same sequence for the same seed on every platform. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 interface RpcCall {
   jsonrpc?: string;
