@@ -50,40 +50,54 @@ if (availability.fail) {
     return file;
   };
   const serve = (component: string) => ({ HOST: "127.0.0.1", PORT: String(ports[component]!.port), ADMIN_PORT: String(ports[component]!.admin), LOG_LEVEL: "warn" });
+  // How each component is started, read again for a restart on other ports.
+  const specs: Record<string, () => Parameters<typeof runContainer>[0]> = {};
+  // Ports are picked right before the container binds them (host networking). Another test's
+  // process may still take one in between; a container that then exits with EADDRINUSE is started
+  // again on fresh ports (ready() below), as often as that happens, up to three times.
+  const start = async (component: string, spec: () => Parameters<typeof runContainer>[0]) => {
+    specs[component] = spec;
+    ports[component] = { port: await freePort(), admin: await freePort() };
+    containers[component] = runContainer(spec());
+  };
+  const restarts: Record<string, number> = {};
 
   beforeAll(async () => {
     image = loadImage();
     dir = mkdtempSync(join(tmpdir(), "x402-image-"));
     chmodSync(dir, 0o755);
-    for (const c of ["router", "facilitator", "hub", "wallets", "operator"]) ports[c] = { port: await freePort(), admin: await freePort() };
     anvil = await startAnvil({ chainId: 8453 });
     // a funded signer: the facilitator is ready only then (signer_funded)
     await fetch(anvil.rpcUrl, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ jsonrpc: "2.0", id: 1, method: "anvil_setBalance", params: [privateKeyToAccount(signer).address, "0x8ac7230489e80000"] }) });
     // The operator gets a real kube-apiserver when one is built here (CI builds it); else it runs without a cluster.
     if ("dir" in controlPlaneBinaries()) cp = await startControlPlane();
 
-    containers.facilitator = runContainer({
+    const signerKeys = secretFile("signer-keys", `${signer}\n`);
+    await start("facilitator", () => ({
       image,
       args: ["facilitator", "--network", NETWORK, "--rpc-url", anvil.rpcUrl, "--signer-key-file", "/var/run/secrets/x402/signer/signer-keys"],
       env: serve("facilitator"),
-      files: { [secretFile("signer-keys", `${signer}\n`)]: "/var/run/secrets/x402/signer/signer-keys" },
+      files: { [signerKeys]: "/var/run/secrets/x402/signer/signer-keys" },
+    }));
+    await start("router", () => {
+      const routing = { backends: [{ network: NETWORK, url: `http://127.0.0.1:${ports.facilitator!.port}/v2`, kinds: [{ x402Version: 2, scheme: "exact", network: NETWORK }] }] };
+      return {
+        image,
+        args: ["router", "--routing-table", "/etc/x402-fleet/routing/routing.json"],
+        env: serve("router"),
+        files: { [secretFile("routing.json", JSON.stringify(routing))]: "/etc/x402-fleet/routing/routing.json" },
+      };
     });
-    const routing = { backends: [{ network: NETWORK, url: `http://127.0.0.1:${ports.facilitator!.port}/v2`, kinds: [{ x402Version: 2, scheme: "exact", network: NETWORK }] }] };
-    containers.router = runContainer({
-      image,
-      args: ["router", "--routing-table", "/etc/x402-fleet/routing/routing.json"],
-      env: serve("router"),
-      files: { [secretFile("routing.json", JSON.stringify(routing))]: "/etc/x402-fleet/routing/routing.json" },
-    });
-    containers.hub = runContainer({ image, args: ["hub"], env: { ...serve("hub"), HUB_CHAIN_ID: "8453" } });
-    containers.wallets = runContainer({
+    await start("hub", () => ({ image, args: ["hub"], env: { ...serve("hub"), HUB_CHAIN_ID: "8453" } }));
+    const masterKeys = secretFile("master-keys", `${masterKeyLine().line}\n`);
+    await start("wallets", () => ({
       image,
       args: ["wallets"],
       env: { ...serve("wallets"), WALLETS_MASTER_KEY_FILE: "/var/run/secrets/x402/wallets/master-keys" },
-      files: { [secretFile("master-keys", `${masterKeyLine().line}\n`)]: "/var/run/secrets/x402/wallets/master-keys" },
-    });
-    const operatorEnv: Record<string, string> = { ...serve("operator"), POD_NAME: "operator-0", POD_NAMESPACE: "x402-system", X402_FACILITATOR_IMAGE: image };
+      files: { [masterKeys]: "/var/run/secrets/x402/wallets/master-keys" },
+    }));
     const operatorFiles: Record<string, string> = {};
+    const operatorEnv: Record<string, string> = { POD_NAME: "operator-0", POD_NAMESPACE: "x402-system", X402_FACILITATOR_IMAGE: image };
     if (cp) {
       await cp.applyFile(join(process.cwd(), "crds", "facilitatornetworks.x402fleet.io.yaml"));
       await cp.request("/api/v1/namespaces", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ metadata: { name: "x402-system" } }) });
@@ -93,7 +107,7 @@ if (availability.fail) {
       operatorFiles[kubeconfig] = "/var/run/secrets/x402/kubeconfig";
       Object.assign(operatorEnv, { KUBECONFIG: "/var/run/secrets/x402/kubeconfig", X402_WATCH_NAMESPACE: "x402-system" });
     }
-    containers.operator = runContainer({ image, args: ["operator"], env: operatorEnv, files: operatorFiles });
+    await start("operator", () => ({ image, args: ["operator"], env: { ...serve("operator"), ...operatorEnv }, files: operatorFiles }));
   }, 600_000);
 
   afterAll(async () => {
@@ -108,7 +122,16 @@ if (availability.fail) {
   const ready = (component: string) =>
     until(async () => {
       const c = containers[component]!;
-      if (!c.running()) throw new Error(`${component} exited:\n${c.logs().slice(-3000)}`);
+      if (!c.running()) {
+        const logs = c.logs();
+        if (/EADDRINUSE/.test(logs) && (restarts[component] ?? 0) < 3) {
+          restarts[component] = (restarts[component] ?? 0) + 1;
+          await c.remove();
+          await start(component, specs[component]!);
+          return undefined;
+        }
+        throw new Error(`${component} exited:\n${logs.slice(-3000)}`);
+      }
       const r = await admin(component, "/readyz").catch(() => undefined);
       return r?.status === 200 ? ((await r.json()) as { status: string }) : undefined;
     }, `${component} /readyz`, READY_MS).catch(async (e: Error) => {
