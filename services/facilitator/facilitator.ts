@@ -20,7 +20,7 @@ import { isRpcUnavailable, watchRpc, type ChainClient } from "./chain.ts";
 import { servingAssetCode, withAssetCode } from "./asset-code.ts";
 import { createFastExactVerifier, fastExactApplies } from "./fast-exact.ts";
 import { authenticateReceivers, receiversNeedingAuthorizer, type ReceiverCredentials } from "./receiver-auth.ts";
-import { SETTLEMENT_BUSY, SETTLEMENT_PENDING, SettlementBusyError, TRANSACTION_FAILED } from "./settlement/answers.ts";
+import { UNEXPECTED_SETTLE_ERROR, SETTLEMENT_PENDING, SettlementBusyError, TRANSACTION_FAILED } from "./settlement/answers.ts";
 import type { SettleJob, SettlementCoordinator } from "./settlement/coordinator.ts";
 import type { OutboxSigner } from "./settlement/outbox-signer.ts";
 import { withDecodedReverts } from "./settlement/reverts.ts";
@@ -148,10 +148,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
     return id ?? undefined;
   }
 
-  /**
-   * Why a payment is refused before any RPC call (worthless, or screened out), or undefined. A
-   * screening service that cannot answer under fail-closed is not a verdict: 503, nothing sent.
-   */
+  /** What the payment may make the signer send, and to whom (plan.ts). */
   const planOf = (payload: PaymentPayload, requirements: PaymentRequirements) =>
     planPayment(payload, requirements, { walletDeployment: factories.length > 0, gasFunding: !!sponsor });
 
@@ -161,9 +158,11 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
    * claim's channels, a sweep's receiver), not only the request's payTo. A screening service that
    * cannot answer under fail-closed is not a verdict: 503, nothing sent.
    */
-  async function refusalOf(payload: PaymentPayload, requirements: PaymentRequirements, plan: PaymentPlan, step: "verify" | "settle"): Promise<{ reason: string; message: string } | undefined> {
+  async function refusalOf(payload: PaymentPayload, requirements: PaymentRequirements, planned: PaymentPlan | undefined, step: "verify" | "settle"): Promise<{ reason: string; message: string } | undefined> {
     const worthless = worthlessReason(payload, requirements, step);
     if (worthless) return { reason: "invalid_payment_requirements", message: worthless };
+    if (!opts.screening && !opts.screeningHook) return undefined;
+    const plan = planned ?? planOf(payload, requirements);
     for (const flow of plan.flows) {
       const listed: Refusal | undefined = opts.screening?.check(flow.payer, flow.payee);
       if (listed) {
@@ -228,7 +227,8 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       const labels = { network: opts.network, scheme: requirements.scheme };
       const end = opts.metrics.verifyDuration.startTimer(labels);
       await checkIdentifier(payload, requirements);
-      const refusal = await refusalOf(payload, requirements, planOf(payload, requirements), "verify");
+      // Verify signs nothing: its plan is only read for screening, so it is made only where screening is on.
+      const refusal = await refusalOf(payload, requirements, undefined, "verify");
       const response = await withSpan("facilitator.verify", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
         let r: VerifyResponse;
         const { failed, value, error } = refusal
@@ -308,7 +308,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
         else if (error instanceof SettlementBusyError) r = { success: false, errorReason: STORE_BUSY, errorMessage: error.message, transaction: "", network: requirements.network };
         else {
           opts.logger.error({ err: errorSummary(error), scheme: requirements.scheme }, "settle failed unexpectedly (nothing was stored for it)");
-          r = { success: false, errorReason: SETTLEMENT_BUSY, errorMessage: safeMessage(error), transaction: "", network: requirements.network };
+          r = { success: false, errorReason: UNEXPECTED_SETTLE_ERROR, errorMessage: safeMessage(error), transaction: "", network: requirements.network };
         }
         span.setAttributes({ "x402.success": r.success, "x402.reason": reasonLabel(r.errorReason), "x402.transaction": r.transaction });
         return r;

@@ -6,7 +6,7 @@ import type { SettleResponse } from "@x402/core/types";
 /** The transaction is sent but not mined within the caller's bound: a retry reports its outcome. */
 export const SETTLEMENT_PENDING = "settlement_pending";
 /** A defect of ours with nothing stored for the payment (never for one that may have moved money). */
-export const SETTLEMENT_BUSY = "unexpected_settle_error";
+export const UNEXPECTED_SETTLE_ERROR = "unexpected_settle_error";
 
 /**
  * Another request holds the payment's claim and has stored no transaction yet (or took it over
