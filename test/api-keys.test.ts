@@ -7,7 +7,7 @@
 // whatever the answer's status.
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -38,6 +38,7 @@ import { PG_URL } from "./helpers/hub.ts";
 import { freePort, stopChild } from "../services/devnet/anvil.ts";
 import { until } from "./helpers/wait.ts";
 import { postJson, serviceShape, signEip3009 } from "./helpers/payments.ts";
+import { FLEET_HEADERS } from "../services/platform/http.ts";
 
 /** The secret part of x402k_<16 hex id>_<secret> (base64url: it may contain "_" itself). */
 const secretOf = (key: string) => key.slice("x402k_".length + 17);
@@ -495,6 +496,8 @@ describe("a gas budget is charged what the facilitator's signer lost", () => {
     const keyed = await startRouterService({ routingTablePath, host: "127.0.0.1", port: 0, databaseUrl: PG_URL, apiKeys: true, routerTokenFile }, pino({ level: "silent" }));
     return {
       url: keyed.url,
+      facilitatorUrl: facilitator.url,
+      routerToken: readFileSync(routerTokenFile, "utf8").trim(),
       signer,
       close: async () => {
         await keyed.close();
@@ -518,6 +521,27 @@ describe("a gas budget is charged what the facilitator's signer lost", () => {
       expect(after.sent).toBe(before.sent + 6); // a funding and a settlement each
       const lost = before.wei - after.wei;
       expect(await charged(info.id)).toEqual({ spent: lost, reserved: 0n, usageGas: lost, settles: 3 });
+    } finally {
+      await pair.close();
+    }
+  });
+
+  it("an allowance below the payment's whole worst case is refused before its first step: no funding sent for a settlement the budget could not cover", async () => {
+    const pair = await startKeyedPair("plan-budget", bsc().facilitatorRpcUrl);
+    try {
+      // As the router calls it: its token and an allowance. A first payment, unmetered, says what one settlement may cost (the quote).
+      const settle = (body: unknown, allowance: string) => postJson(`${pair.facilitatorUrl}/settle`, body, { headers: { [FLEET_HEADERS.routerToken]: pair.routerToken, [FLEET_HEADERS.gasAllowance]: allowance } });
+      const first = await settle(await sponsoredBody(await gaslessPayer()), "unlimited");
+      expect(first.json).toMatchObject({ success: true });
+      const quote = BigInt(first.headers.get(FLEET_HEADERS.gasQuote)!);
+      // Half the worst case: the funding alone fits, and the settlement's real cost would too, but
+      // the plan (funding + settlement at their ceilings) does not: nothing may start.
+      const payer = await gaslessPayer();
+      const before = await signers([pair.signer]);
+      const refused = await settle(await sponsoredBody(payer), (quote / 2n).toString());
+      expect(refused.json).toMatchObject({ success: false, errorReason: "gas_budget_exhausted", transaction: "" });
+      expect(await signers([pair.signer])).toEqual(before); // nothing sent, nothing spent
+      expect(await bscChain().getBalance({ address: payer.address })).toBe(0n); // never funded
     } finally {
       await pair.close();
     }
