@@ -30,9 +30,9 @@ import type { PaymentPlan } from "../plan.ts";
 import { SETTLEMENT_PENDING, SettlementBusyError, failureAnswer, pendingAnswer } from "./answers.ts";
 import { settlementContext, type SettlementContext } from "./context.ts";
 import { AUXILIARY_KINDS } from "./gas-policy.ts";
-import { identifierScope, paymentDigest, paymentIdentity } from "./payment-id.ts";
+import { identifierScope, paymentDigest, paymentIdentity, paymentNonce } from "./payment-id.ts";
 import { pollMined, sleep } from "./receipts.ts";
-import { isDecisive, isFinal, type OutboxRow, type SettlementStore } from "./store.ts";
+import { isDecisive, isFinal, type OutboxRow, type PaymentTerms, type SettlementStore } from "./store.ts";
 
 export interface CoordinatorOptions {
   store: SettlementStore;
@@ -65,12 +65,20 @@ export interface SettleJob {
   gas?: GasMeter;
   /** Every transaction the run may send (plan.ts); the signer refuses any other. */
   plan?: PaymentPlan;
+  /** The API key (router tenant) it is settled under: only that tenant reads its status. */
+  tenant?: string;
   run: () => Promise<SettleResponse>;
 }
 
 const OPEN = new Set(["signed", "broadcast"]);
 
 type StoredTransaction = NonNullable<SettlementContext["stored"]>[number];
+
+/** What the payment pays and for whom, kept beside its claim for the status API. */
+function termsOf(job: SettleJob): PaymentTerms {
+  const { asset, payTo, amount } = job.requirements;
+  return { token: asset.toLowerCase(), payTo: payTo.toLowerCase(), amount: /^\d{1,78}$/.test(amount) ? amount : undefined, nonce: paymentNonce(job.payload), tenant: job.tenant };
+}
 
 export function createSettlementCoordinator(opts: CoordinatorOptions) {
   // Claims are owned per request, not per process: two requests of one process must not pass for
@@ -242,8 +250,9 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
     const extra = job.extra ?? {};
     const deadline = Date.now() + opts.waitBoundMs;
     const owner = `${processId}:${randomUUID()}`;
+    const terms = termsOf(job);
     for (;;) {
-      const claim = await store.claim(id, digest, job.requirements.scheme, payer, extra, owner, leaseMs);
+      const claim = await store.claim(id, digest, job.requirements.scheme, payer, extra, owner, leaseMs, terms);
       if (claim.claimed) return execute(job, id, payer, deadline, owner, stored);
       const row = claim.row;
       if (row.digest !== digest) {
@@ -255,7 +264,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
         if (isFinal(row)) return row.response;
         if (row.state === "sent") return awaitOutcome(id, deadline);
       }
-      if (row.lease_expired && (await store.takeOver(id, digest, extra, owner, leaseMs))) return execute(job, id, payer, deadline, owner, stored);
+      if (row.lease_expired && (await store.takeOver(id, digest, extra, owner, leaseMs, terms))) return execute(job, id, payer, deadline, owner, stored);
       if (Date.now() >= deadline) throw new SettlementBusyError("another request is settling a payment with this nonce and has sent no transaction yet; retry /settle");
       await sleep(poll);
     }
@@ -263,6 +272,15 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
 
   return {
     processId,
+    /**
+     * Keeps a refusal of a payment nothing was sent for, so its status can say why (to whoever
+     * holds that very payment: status.ts). Not for a unique request (a sweep has no identity to ask by).
+     */
+    async noteRefusal(job: Pick<SettleJob, "payload" | "requirements" | "unique" | "tenant">, answer: SettleResponse): Promise<void> {
+      if (job.unique || answer.success || answer.transaction) return;
+      const { id, payer } = paymentIdentity(job.payload, job.requirements);
+      await store.recordRefusal(id, paymentDigest(job.payload, job.requirements), { payer, tenant: job.tenant, reason: answer.errorReason ?? "unexpected_settle_error", message: answer.errorMessage });
+    },
     /**
      * The payment-identifier extension: whether the payer's identifier is already bound to a
      * different payment (read-only). Another payer's use of the same id is no conflict, nor is any

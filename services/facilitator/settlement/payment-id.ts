@@ -45,6 +45,30 @@ export function paymentIdentity(payload: PaymentPayload, requirements: PaymentRe
 const ADDRESS = /^0x[0-9a-fA-F]{40}$/;
 
 /**
+ * The nonce a payment's identity is made of, normalised: an EIP-3009 nonce as lower-case hex, a
+ * Permit2 nonce in decimal; none for other payloads. With the payer, how a resource server names it.
+ */
+export function paymentNonce(payload: PaymentPayload): string | undefined {
+  const p = payload.payload as { authorization?: { nonce?: unknown }; permit2Authorization?: { nonce?: unknown } };
+  const permit = p.permit2Authorization?.nonce;
+  if (typeof permit === "string") return nonceForms(permit).find((f) => !f.startsWith("0x"));
+  const auth = p.authorization?.nonce;
+  return typeof auth === "string" ? auth.toLowerCase() : undefined;
+}
+
+/** Every stored form a nonce as a caller writes it may have (hex as given, and its decimal value; a decimal and its 32-byte hex). */
+export function nonceForms(nonce: string): string[] {
+  try {
+    const value = BigInt(nonce);
+    if (value < 0n || value >= 2n ** 256n) return [];
+    const hex = `0x${value.toString(16).padStart(64, "0")}`;
+    return /^0x/i.test(nonce) ? [nonce.toLowerCase(), value.toString(), hex] : [value.toString(), hex];
+  } catch {
+    return [];
+  }
+}
+
+/**
  * Whose a client's payment identifier is (the payment-identifier extension): the one identity
  * whose signature alone makes the payment, as `<kind>:<address>…` in lower case, or undefined for
  * a payload nobody's signature makes (its ids are neither bound nor checked).

@@ -210,6 +210,33 @@ UPDATE settlement_payment_identifiers i SET scope = 'payer:' || i.scope FROM set
     AND (p.scheme <> 'batch-settlement' OR p.reserved_payer IS NOT NULL);
 DELETE FROM settlement_payment_identifiers WHERE scope NOT LIKE 'payer:%'`,
   },
+  {
+    // The status API (status.ts): what a resource server can find a payment by (its payer and
+    // nonce, a transaction hash), what it paid (token, payee, amount) and for which tenant; and the
+    // last refusal of a payment nothing was sent for, readable only by whoever holds that very payment.
+    id: "settlement/012_status",
+    sql: `
+ALTER TABLE settlement_payments ADD COLUMN token text;
+ALTER TABLE settlement_payments ADD COLUMN pay_to text;
+ALTER TABLE settlement_payments ADD COLUMN amount numeric(78,0);
+ALTER TABLE settlement_payments ADD COLUMN nonce text;
+ALTER TABLE settlement_payments ADD COLUMN tenant text;
+CREATE INDEX settlement_payments_by_nonce ON settlement_payments (network, lower(payer), nonce) WHERE nonce IS NOT NULL;
+CREATE INDEX settlement_outbox_by_hash ON settlement_outbox USING gin (hashes);
+CREATE TABLE settlement_refusals (
+  network text NOT NULL,
+  payment_id text NOT NULL,
+  digest text NOT NULL,
+  payer text,
+  tenant text,
+  reason text NOT NULL,
+  message text,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (network, payment_id, digest)
+);
+CREATE INDEX settlement_refusals_age ON settlement_refusals (updated_at)`,
+  },
 ];
 
 /** Whether a transaction can decide its payment's outcome: the mechanism's own, not one that prepared it. */
@@ -246,6 +273,52 @@ const gasFundingOf = (r: FundingRow): GasFunding => ({
 export type GasFundingRecord = { recorded: true } | { recorded: false; why: "funded"; funding: GasFunding } | { recorded: false; why: "abused" | "daily_bound" | "payer_daily_bound" };
 
 export type PaymentState = PaymentRow["state"];
+
+/** What a payment pays and for whom, kept for the status API (status.ts). */
+export interface PaymentTerms {
+  token?: string;
+  payTo?: string;
+  /** The amount the requirements ask (upto: the most; its success answer carries what was settled). */
+  amount?: string;
+  /** The authorization's nonce, normalised (payment-id.ts paymentNonce): with the payer, how a resource server names it. */
+  nonce?: string;
+  /** The API key it was settled under (the router's tenant), if any. */
+  tenant?: string;
+}
+const termValues = (t: PaymentTerms) => [t.token ?? null, t.payTo ?? null, t.amount ?? null, t.nonce ?? null, t.tenant ?? null];
+
+/** A payment as the status API reads it. */
+export interface PaymentRecord {
+  payment_id: string;
+  digest: string | null;
+  scheme: string;
+  payer: string | null;
+  state: PaymentState;
+  response: SettleResponse | null;
+  success_extra: Record<string, unknown>;
+  reorged_from: string | null;
+  token: string | null;
+  pay_to: string | null;
+  amount: string | null;
+  nonce: string | null;
+  tenant: string | null;
+  created_at: string;
+  updated_at: string;
+}
+
+/** A payment refused before anything was sent, as last answered (kept a week). */
+export interface RefusalRecord {
+  payer: string | null;
+  tenant: string | null;
+  reason: string;
+  message: string | null;
+  created_at: string;
+  updated_at: string;
+}
+
+/** SQL: a timestamp column as ISO 8601 in UTC, under its own name. */
+const iso = (column: string) => `to_char(${column} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') AS ${column}`;
+const RECORD_COLUMNS = `payment_id, digest, scheme, payer, state, response, success_extra, reorged_from, token, pay_to, amount::text AS amount, nonce, tenant, ${iso("created_at")}, ${iso("updated_at")}`;
 export type OutboxState = "signed" | "broadcast" | "confirmed" | "reverted" | "dropped";
 
 interface PaymentFacts {
@@ -299,6 +372,8 @@ export interface OutboxRow {
   reorged: boolean;
   /** When a reorg last did so: a receipt seen before then is of a block that left the chain. */
   reorged_at: string | null;
+  /** ISO 8601, UTC. */
+  created_at: string;
 }
 
 export interface SignedTransaction {
@@ -330,7 +405,7 @@ export interface NewOutboxEntry {
 const OUTBOX_COLUMNS = `id::text AS id, payment_id, signer, nonce::text AS nonce, to_address, data, gas::text AS gas,
   max_fee_per_gas::text AS max_fee_per_gas, max_priority_fee_per_gas::text AS max_priority_fee_per_gas,
   raw_tx, hash, hashes, state, attempts, mined_hash, EXTRACT(EPOCH FROM (now() - COALESCE(reorged_at, created_at)))::float8 AS age_seconds,
-  raw_txs, kind, reject_reason, mined_block_number::text AS mined_block_number, mined_block_hash, revert_reason, revert_message, value::text AS value, reorged_at IS NOT NULL AS reorged, reorged_at::text AS reorged_at`;
+  raw_txs, kind, reject_reason, mined_block_number::text AS mined_block_number, mined_block_hash, revert_reason, revert_message, value::text AS value, reorged_at IS NOT NULL AS reorged, reorged_at::text AS reorged_at, ${iso("created_at")}`;
 
 /** What recording a mined transaction needs of its outbox row. */
 interface MinedFacts {
@@ -459,26 +534,27 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     transactionsStored: () => transactionsStored,
 
     /** Claims a payment id for this process and this payment (its digest). Returns "claimed" for the winner, or the existing row. */
-    async claim(paymentId: string, digest: string, scheme: string, payer: string | null, successExtra: Record<string, unknown>, owner: string, leaseMs: number): Promise<{ claimed: true } | { claimed: false; row: PaymentRow }> {
+    async claim(paymentId: string, digest: string, scheme: string, payer: string | null, successExtra: Record<string, unknown>, owner: string, leaseMs: number, terms: PaymentTerms = {}): Promise<{ claimed: true } | { claimed: false; row: PaymentRow }> {
       const inserted = await db.query(
-        `INSERT INTO settlement_payments (network, payment_id, digest, scheme, payer, success_extra, state, owner, lease_until)
-         VALUES ($1, $2, $3, $4, $5, $6, 'claimed', $7, now() + ($8 || ' milliseconds')::interval)
+        `INSERT INTO settlement_payments (network, payment_id, digest, scheme, payer, success_extra, state, owner, lease_until, token, pay_to, amount, nonce, tenant)
+         VALUES ($1, $2, $3, $4, $5, $6, 'claimed', $7, now() + ($8 || ' milliseconds')::interval, $9, $10, $11, $12, $13)
          ON CONFLICT (network, payment_id) DO NOTHING RETURNING payment_id`,
-        [network, paymentId, digest, scheme, payer, JSON.stringify(successExtra), owner, String(leaseMs)],
+        [network, paymentId, digest, scheme, payer, JSON.stringify(successExtra), owner, String(leaseMs), ...termValues(terms)],
       );
       if (inserted.length) return { claimed: true };
       const row = await this.payment(paymentId);
-      if (!row) return this.claim(paymentId, digest, scheme, payer, successExtra, owner, leaseMs); // released in between
+      if (!row) return this.claim(paymentId, digest, scheme, payer, successExtra, owner, leaseMs, terms); // released in between
       return { claimed: false, row };
     },
 
     /** Takes over, for this payment, a claim whose owner's lease ran out (still `claimed`: it never produced a transaction). */
-    async takeOver(paymentId: string, digest: string, successExtra: Record<string, unknown>, owner: string, leaseMs: number): Promise<boolean> {
+    async takeOver(paymentId: string, digest: string, successExtra: Record<string, unknown>, owner: string, leaseMs: number, terms: PaymentTerms = {}): Promise<boolean> {
       const rows = await db.query(
-        `UPDATE settlement_payments SET owner = $3, digest = $4, success_extra = $5, reserved = NULL, lease_until = now() + ($6 || ' milliseconds')::interval, updated_at = now()
+        `UPDATE settlement_payments SET owner = $3, digest = $4, success_extra = $5, reserved = NULL, lease_until = now() + ($6 || ' milliseconds')::interval, updated_at = now(),
+           token = $7, pay_to = $8, amount = $9, nonce = $10, tenant = $11
          WHERE network = $1 AND payment_id = $2 AND state = 'claimed' AND lease_until < now()
          RETURNING payment_id`,
-        [network, paymentId, owner, digest, JSON.stringify(successExtra), String(leaseMs)],
+        [network, paymentId, owner, digest, JSON.stringify(successExtra), String(leaseMs), ...termValues(terms)],
       );
       return rows.length > 0;
     },
@@ -871,6 +947,55 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     /** Whether a payer once spent a gas funding on something else than its approval. */
     async fundingAbused(payer: string): Promise<boolean> {
       return (await db.query(`SELECT 1 FROM settlement_gas_fundings WHERE network = $1 AND payer = $2 AND state = 'abused'`, [network, payer])).length > 0;
+    },
+
+    /** A payment as the status API reads it. */
+    async paymentRecord(paymentId: string): Promise<PaymentRecord | undefined> {
+      return (await db.query<PaymentRecord>(`SELECT ${RECORD_COLUMNS} FROM settlement_payments WHERE network = $1 AND payment_id = $2`, [network, paymentId]))[0];
+    },
+
+    /** Payments of a payer with one of these nonces (its normalised forms); more than one only across schemes or tokens. */
+    async paymentsByNonce(payer: string, nonces: readonly string[]): Promise<PaymentRecord[]> {
+      return db.query<PaymentRecord>(`SELECT ${RECORD_COLUMNS} FROM settlement_payments WHERE network = $1 AND lower(payer) = lower($2) AND nonce = ANY($3) ORDER BY created_at LIMIT 10`, [network, payer, nonces]);
+    },
+
+    /** The payment a transaction (any attempt's hash) was sent for; none for a nonce filler. */
+    async paymentIdByHash(hash: string): Promise<string | undefined> {
+      const [row] = await db.query<{ payment_id: string }>(
+        `SELECT payment_id FROM settlement_outbox WHERE network = $1 AND hashes @> ARRAY[$2]::text[] AND payment_id <> $3 ORDER BY id DESC LIMIT 1`,
+        [network, hash.toLowerCase(), NONCE_FILLER_PAYMENT],
+      );
+      return row?.payment_id;
+    },
+
+    /** The payments a client's payment identifier is bound to, in one scope or in every scope. */
+    async identifierBindings(identifier: string, scope?: string): Promise<{ paymentId: string; digest: string; scope: string }[]> {
+      const rows = await db.query<{ payment_id: string; digest: string; scope: string }>(
+        `SELECT payment_id, digest, scope FROM settlement_payment_identifiers WHERE network = $1 AND identifier = $2 AND ($3::text IS NULL OR scope = $3) ORDER BY created_at LIMIT 10`,
+        [network, identifier, scope ?? null],
+      );
+      return rows.map((r) => ({ paymentId: r.payment_id, digest: r.digest, scope: r.scope }));
+    },
+
+    /**
+     * Keeps the last refusal of a payment nothing was sent for (its status says why, to whoever
+     * holds the very payment). Refusals older than a week are dropped as new ones come.
+     */
+    async recordRefusal(paymentId: string, digest: string, refusal: { payer: string | null; tenant?: string; reason: string; message?: string }): Promise<void> {
+      await db.query(
+        `INSERT INTO settlement_refusals (network, payment_id, digest, payer, tenant, reason, message) VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (network, payment_id, digest) DO UPDATE SET reason = EXCLUDED.reason, message = EXCLUDED.message, tenant = EXCLUDED.tenant, updated_at = now()`,
+        [network, paymentId, digest, refusal.payer, refusal.tenant ?? null, refusal.reason, refusal.message?.slice(0, 500) ?? null],
+      );
+      if (Math.random() < 0.01) await db.query(`DELETE FROM settlement_refusals WHERE updated_at < now() - interval '7 days'`);
+    },
+
+    async refusal(paymentId: string, digest: string): Promise<RefusalRecord | undefined> {
+      const [row] = await db.query<RefusalRecord>(
+        `SELECT payer, tenant, reason, message, ${iso("created_at")}, ${iso("updated_at")} FROM settlement_refusals WHERE network = $1 AND payment_id = $2 AND digest = $3`,
+        [network, paymentId, digest],
+      );
+      return row;
     },
 
     async outboxForPayment(paymentId: string): Promise<OutboxRow[]> {
