@@ -21,6 +21,8 @@ export const FLEET_HEADERS = {
   gasSpent: "x402-fleet-gas-spent-wei",
   /** Facilitator → router: the worst case of one settlement of this scheme at the current fee cap. */
   gasQuote: "x402-fleet-gas-quote-wei",
+  /** Router → facilitator: the API key id of the caller (its settlements are its own: status.ts). */
+  tenant: "x402-fleet-tenant",
 } as const;
 
 /** What of a request's headers a handler may use: the caller's credentials (forwarded by the router). */
@@ -32,6 +34,8 @@ export interface CallerHeaders {
   fromRouter?: boolean;
   /** FLEET_HEADERS.gasAllowance, as sent by an authenticated router; never read from anyone else. */
   gasAllowance?: string;
+  /** FLEET_HEADERS.tenant, as sent by an authenticated router: the API key a settlement is made under, or whose status is asked. */
+  tenant?: string;
 }
 
 export interface ContractHandlers {
@@ -154,6 +158,8 @@ export function createContractApp(opts: ContractAppOptions): FastifyInstance {
           if (fromRouter) {
             caller.fromRouter = true;
             caller.gasAllowance = headerValue(request.headers[FLEET_HEADERS.gasAllowance]);
+            caller.tenantWebhook = headerValue(request.headers[FLEET_HEADERS.tenantWebhook]);
+            caller.tenant = headerValue(request.headers[FLEET_HEADERS.tenant]);
           }
           return reply(r, await opts.handlers[action](request.body, caller));
         } finally {
