@@ -23,6 +23,8 @@ export const FLEET_HEADERS = {
   gasQuote: "x402-fleet-gas-quote-wei",
   /** Router → facilitator: the API key id of the caller (its settlements are its own: status.ts). */
   tenant: "x402-fleet-tenant",
+  /** Router → facilitator: the calling API key's webhook URL (tenants/api-keys.ts), where its settlement events go. */
+  tenantWebhook: "x402-fleet-tenant-webhook",
 } as const;
 
 /** What of a request's headers a handler may use: the caller's credentials (forwarded by the router). */
@@ -36,6 +38,8 @@ export interface CallerHeaders {
   gasAllowance?: string;
   /** FLEET_HEADERS.tenant, as sent by an authenticated router: the API key a settlement is made under, or whose status is asked. */
   tenant?: string;
+  /** FLEET_HEADERS.tenantWebhook, as sent by an authenticated router; never read from anyone else. */
+  tenantWebhook?: string;
 }
 
 export interface ContractHandlers {
