@@ -46,6 +46,10 @@ export function createMetrics(service: string) {
     gasSpent: new Counter({ name: "x402_settlement_gas_spent_wei", help: "Gas fees paid by facilitator signers", labelNames: ["network", "signer"], ...r }),
     reorged: new Counter({ name: "x402_settlement_reorged_total", help: "Mined settlement transactions that left the canonical chain and were sent again", labelNames: ["network"], ...r }),
     reversed: new Counter({ name: "x402_settlement_reversed_total", help: "Recorded successes whose transaction, mined again after a reorg, reverted: the record now says failed", labelNames: ["network"], ...r }),
+    // Settlement webhooks (facilitator/settlement/webhooks.ts): target is "facilitator" or "tenant", never a URL.
+    webhookDeliveries: new Counter({ name: "x402_webhook_deliveries_total", help: "Webhook delivery attempts by target and result (delivered, failed: retried later, dead: given up after the attempt or age bound)", labelNames: ["network", "target", "result"], ...r }),
+    webhookQueue: new Gauge({ name: "x402_webhook_queue", help: "Webhook deliveries not yet delivered or given up", labelNames: ["network"], ...r }),
+    webhookOldestDue: new Gauge({ name: "x402_webhook_oldest_due_seconds", help: "How long the longest-waiting due webhook delivery has been due (0: none)", labelNames: ["network"], ...r }),
     broadcastRejected: new Counter({ name: "x402_settlement_broadcast_rejected_total", help: "Broadcasts the node refused, by classified reason", labelNames: ["network", "reason"], ...r }),
     gasCeilingRefused: new Counter({ name: "x402_settlement_gas_ceiling_refused_total", help: "Transactions never signed because their gas was above their kind's ceiling", labelNames: ["network", "kind"], ...r }),
     replacementCapped: new Counter({ name: "x402_settlement_replacement_capped_total", help: "Fee replacements not made because the bump limit or fee cap was reached (the transaction waits)", labelNames: ["network", "limit"], ...r }),
