@@ -18,6 +18,41 @@ import { AUXILIARY_KINDS } from "./gas-policy.ts";
 /** SQL: an outbox row (alias o) that can decide its payment's outcome (not a funding or a deployment). */
 const DECISIVE = `COALESCE(o.kind, '') NOT IN (${AUXILIARY_KINDS.map((k) => `'${k}'`).join(", ")})`;
 
+/**
+ * SQL: the trigger function of migration 013, one event per state change of a payment with a
+ * webhook target (submitted, confirmed, failed, reorged), with its deliveries. Written on one line
+ * per statement group: migrations are split at a semicolon that ends a line.
+ */
+const EVENT_FUNCTION = `CREATE FUNCTION settlement_payment_event() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  kind text;
+  seq integer;
+  tx text;
+  ev bigint;
+  eid text := gen_random_uuid()::text;
+BEGIN
+  IF NEW.webhook_url IS NULL AND NOT NEW.webhook_facilitator THEN RETURN NULL; END IF;
+  kind := CASE NEW.state WHEN 'succeeded' THEN 'confirmed' WHEN 'failed' THEN 'failed'
+    WHEN 'sent' THEN CASE WHEN OLD.state = 'claimed' THEN 'submitted' ELSE 'reorged' END END;
+  IF kind IS NULL THEN RETURN NULL; END IF;
+  SELECT COALESCE(max(sequence), 0) + 1 INTO seq FROM settlement_events WHERE network = NEW.network AND payment_id = NEW.payment_id;
+  SELECT o.hash INTO tx FROM settlement_outbox o WHERE o.network = NEW.network AND o.payment_id = NEW.payment_id AND ${DECISIVE} ORDER BY o.id DESC LIMIT 1;
+  IF kind IN ('confirmed', 'failed') THEN tx := COALESCE(NULLIF(NEW.response->>'transaction', ''), tx); END IF;
+  INSERT INTO settlement_events (event_id, network, payment_id, sequence, type, tenant, body)
+    VALUES (eid, NEW.network, NEW.payment_id, seq, kind, NEW.tenant, jsonb_strip_nulls(jsonb_build_object(
+      'id', eid, 'type', kind, 'sequence', seq,
+      'status', CASE kind WHEN 'confirmed' THEN 'settled' WHEN 'failed' THEN 'failed' ELSE 'pending' END,
+      'network', NEW.network, 'paymentId', NEW.payment_id, 'scheme', NEW.scheme, 'payer', NEW.payer, 'payTo', NEW.pay_to, 'token', NEW.token,
+      'amount', COALESCE(CASE WHEN kind = 'confirmed' THEN NEW.response->>'amount' END, NEW.amount::text), 'transaction', tx,
+      'errorReason', CASE WHEN kind = 'failed' THEN NEW.response->>'errorReason' END,
+      'errorMessage', CASE WHEN kind = 'failed' THEN NEW.response->>'errorMessage' END,
+      'tenant', NEW.tenant, 'occurredAt', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))))
+    RETURNING id INTO ev;
+  INSERT INTO settlement_webhook_deliveries (event, target, network, payment_id, sequence)
+    SELECT ev, t, NEW.network, NEW.payment_id, seq FROM unnest(ARRAY[CASE WHEN NEW.webhook_facilitator THEN 'facilitator' END, CASE WHEN NEW.webhook_url IS NOT NULL THEN 'tenant' END]) AS t WHERE t IS NOT NULL;
+  RETURN NULL;
+END $$`.replace(/;\s*\n\s*/g, "; ");
+
 export const SETTLEMENT_MIGRATIONS: Migration[] = [
   {
     id: "settlement/001_outbox",
@@ -237,6 +272,50 @@ CREATE TABLE settlement_refusals (
 );
 CREATE INDEX settlement_refusals_age ON settlement_refusals (updated_at)`,
   },
+  {
+    // Settlement webhooks (webhooks.ts): where a payment's events go (its tenant's URL, which the
+    // router sent; the facilitator's own receiver), its events, and their deliveries. The events
+    // are written by the database, in the very transaction that changes a payment's state, by
+    // whatever writer of whatever version: none is lost, none is doubled. Numbered per payment
+    // under the row lock the UPDATE holds.
+    id: "settlement/013_webhooks",
+    sql: `
+ALTER TABLE settlement_payments ADD COLUMN webhook_url text;
+ALTER TABLE settlement_payments ADD COLUMN webhook_facilitator boolean NOT NULL DEFAULT false;
+CREATE TABLE settlement_events (
+  id bigserial PRIMARY KEY,
+  event_id text NOT NULL UNIQUE,
+  network text NOT NULL,
+  payment_id text NOT NULL,
+  sequence integer NOT NULL,
+  type text NOT NULL CHECK (type IN ('submitted', 'confirmed', 'failed', 'reorged')),
+  tenant text,
+  body jsonb NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  UNIQUE (network, payment_id, sequence)
+);
+CREATE TABLE settlement_webhook_deliveries (
+  event bigint NOT NULL REFERENCES settlement_events (id) ON DELETE CASCADE,
+  target text NOT NULL CHECK (target IN ('facilitator', 'tenant')),
+  network text NOT NULL,
+  payment_id text NOT NULL,
+  sequence integer NOT NULL,
+  state text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'delivered', 'dead')),
+  attempts integer NOT NULL DEFAULT 0,
+  next_attempt_at timestamptz NOT NULL DEFAULT now(),
+  lease_until timestamptz,
+  last_status integer,
+  last_error text,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (event, target)
+);
+CREATE INDEX settlement_webhook_deliveries_due ON settlement_webhook_deliveries (network, next_attempt_at) WHERE state = 'pending';
+CREATE INDEX settlement_webhook_deliveries_order ON settlement_webhook_deliveries (network, payment_id, target, sequence) WHERE state = 'pending';
+${EVENT_FUNCTION};
+CREATE TRIGGER settlement_payments_event AFTER UPDATE OF state ON settlement_payments FOR EACH ROW
+  WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION settlement_payment_event()`,
+  },
 ];
 
 /** Whether a transaction can decide its payment's outcome: the mechanism's own, not one that prepared it. */
@@ -284,8 +363,12 @@ export interface PaymentTerms {
   nonce?: string;
   /** The API key it was settled under (the router's tenant), if any. */
   tenant?: string;
+  /** Where the tenant's webhook events of this payment go (webhooks.ts); a URL its router sent. */
+  webhookUrl?: string;
+  /** Its events go to this facilitator's own receiver too (X402_WEBHOOK_URL was set when it was claimed). */
+  webhookFacilitator?: boolean;
 }
-const termValues = (t: PaymentTerms) => [t.token ?? null, t.payTo ?? null, t.amount ?? null, t.nonce ?? null, t.tenant ?? null];
+const termValues = (t: PaymentTerms) => [t.token ?? null, t.payTo ?? null, t.amount ?? null, t.nonce ?? null, t.tenant ?? null, t.webhookUrl ?? null, t.webhookFacilitator ?? false];
 
 /** A payment as the status API reads it. */
 export interface PaymentRecord {
@@ -536,8 +619,8 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     /** Claims a payment id for this process and this payment (its digest). Returns "claimed" for the winner, or the existing row. */
     async claim(paymentId: string, digest: string, scheme: string, payer: string | null, successExtra: Record<string, unknown>, owner: string, leaseMs: number, terms: PaymentTerms = {}): Promise<{ claimed: true } | { claimed: false; row: PaymentRow }> {
       const inserted = await db.query(
-        `INSERT INTO settlement_payments (network, payment_id, digest, scheme, payer, success_extra, state, owner, lease_until, token, pay_to, amount, nonce, tenant)
-         VALUES ($1, $2, $3, $4, $5, $6, 'claimed', $7, now() + ($8 || ' milliseconds')::interval, $9, $10, $11, $12, $13)
+        `INSERT INTO settlement_payments (network, payment_id, digest, scheme, payer, success_extra, state, owner, lease_until, token, pay_to, amount, nonce, tenant, webhook_url, webhook_facilitator)
+         VALUES ($1, $2, $3, $4, $5, $6, 'claimed', $7, now() + ($8 || ' milliseconds')::interval, $9, $10, $11, $12, $13, $14, $15)
          ON CONFLICT (network, payment_id) DO NOTHING RETURNING payment_id`,
         [network, paymentId, digest, scheme, payer, JSON.stringify(successExtra), owner, String(leaseMs), ...termValues(terms)],
       );
@@ -551,7 +634,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     async takeOver(paymentId: string, digest: string, successExtra: Record<string, unknown>, owner: string, leaseMs: number, terms: PaymentTerms = {}): Promise<boolean> {
       const rows = await db.query(
         `UPDATE settlement_payments SET owner = $3, digest = $4, success_extra = $5, reserved = NULL, lease_until = now() + ($6 || ' milliseconds')::interval, updated_at = now(),
-           token = $7, pay_to = $8, amount = $9, nonce = $10, tenant = $11
+           token = $7, pay_to = $8, amount = $9, nonce = $10, tenant = $11, webhook_url = $12, webhook_facilitator = $13
          WHERE network = $1 AND payment_id = $2 AND state = 'claimed' AND lease_until < now()
          RETURNING payment_id`,
         [network, paymentId, owner, digest, JSON.stringify(successExtra), String(leaseMs), ...termValues(terms)],
