@@ -8,6 +8,7 @@ import { number } from "../platform/flags.ts";
 import type { InFlightCaps } from "../platform/http.ts";
 import { CAIP2_PATTERN, networkInfo, type AssetInfo, type Caip2 } from "../x402/networks.ts";
 import { SCHEMES, type Scheme } from "../x402/wire.ts";
+import { webhookUrlProblem } from "../x402/webhooks.ts";
 import { DEFAULT_BASE_FEE_MULTIPLIER, createGasPolicy, parseGasCeilings, type GasPolicy, type TransactionKind } from "./settlement/gas-policy.ts";
 import { DEFAULT_RECEIPT_POLLING } from "./settlement/receipts.ts";
 import { DEFAULT_MAX_FEE_BUMPS } from "./settlement/reconciler.ts";
@@ -83,6 +84,27 @@ export interface FacilitatorConfig {
    * DEFAULT_DAILY_FUNDINGS fundings at that bound).
    */
   approvalSponsoring?: { maxApprovalGas: bigint; maxFundingWei?: bigint; dailyFunding: FundingBound; payerDailyFunding: FundingBound };
+  /** Settlement webhooks (settlement/webhooks.ts), off unless a secret is set. */
+  webhooks?: WebhookConfig;
+}
+
+export interface WebhookConfig {
+  /** This facilitator's own receiver of every payment's events; unset: tenants' URLs only. It may carry a token: never logged. */
+  url?: string;
+  /** The fleet's webhook secret (X402_WEBHOOK_SECRET_FILE): signs the facilitator's events, and derives each tenant's key. */
+  secret: string;
+  /** Receivers on loopback or private addresses, and over plain http (an in-cluster receiver, tests). */
+  allowPrivateNetworks: boolean;
+  /** Bound of one POST, headers and body. */
+  timeoutMs: number;
+  /** Retries back off exponentially from the first delay to the largest, with jitter. */
+  retryBaseMs: number;
+  retryMaxMs: number;
+  /** A delivery is given up (dead) after this many attempts or this long after its event, whichever comes first. */
+  maxAttempts: number;
+  giveUpAfterMs: number;
+  /** How often each process looks for due deliveries. */
+  pollMs: number;
 }
 
 /** A daily funding bound: wei, or a number of fundings at the per-payer bound (which follows the fee cap, so it is read when used). */
@@ -124,6 +146,15 @@ const fileSchema = z
     erc20ApprovalMaxFundingWei: z.string().regex(/^[0-9]{1,78}$/, "expected wei as a decimal integer"),
     erc20ApprovalDailyFundingWei: z.string().regex(/^[0-9]{1,78}$/, "expected wei as a decimal integer"),
     erc20ApprovalPayerDailyFundingWei: z.string().regex(/^[0-9]{1,78}$/, "expected wei as a decimal integer"),
+    webhookUrl: z.string(),
+    webhookSecretFile: z.string(),
+    webhookAllowPrivateNetworks: z.boolean(),
+    webhookTimeoutMs: z.number().int().min(100).max(120_000),
+    webhookRetryBaseMs: z.number().int().min(10).max(3_600_000),
+    webhookRetryMaxMs: z.number().int().min(10).max(86_400_000),
+    webhookMaxAttempts: z.number().int().min(1).max(1000),
+    webhookGiveUpAfterMs: z.number().int().min(1000).max(30 * 86_400_000),
+    webhookPollMs: z.number().int().min(10).max(60_000),
     routerTokenFile: z.string(),
     allowedAssets: z.array(z.string().regex(/^0x[0-9a-fA-F]{40}$/, "expected a 0x-prefixed 20-byte hex address")),
     schemes: z.array(z.enum(SCHEMES)).min(1),
@@ -207,6 +238,15 @@ export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorCon
     erc20ApprovalMaxFundingWei: env.X402_ERC20_APPROVAL_MAX_FUNDING_WEI || undefined,
     erc20ApprovalDailyFundingWei: env.X402_ERC20_APPROVAL_DAILY_FUNDING_WEI || undefined,
     erc20ApprovalPayerDailyFundingWei: env.X402_ERC20_APPROVAL_PAYER_DAILY_FUNDING_WEI || undefined,
+    webhookUrl: env.X402_WEBHOOK_URL || undefined,
+    webhookSecretFile: env.X402_WEBHOOK_SECRET_FILE || undefined,
+    webhookAllowPrivateNetworks: env.X402_WEBHOOK_ALLOW_PRIVATE_NETWORKS ? env.X402_WEBHOOK_ALLOW_PRIVATE_NETWORKS === "true" : undefined,
+    webhookTimeoutMs: num("X402_WEBHOOK_TIMEOUT_MS"),
+    webhookRetryBaseMs: num("X402_WEBHOOK_RETRY_BASE_MS"),
+    webhookRetryMaxMs: num("X402_WEBHOOK_RETRY_MAX_MS"),
+    webhookMaxAttempts: num("X402_WEBHOOK_MAX_ATTEMPTS"),
+    webhookGiveUpAfterMs: num("X402_WEBHOOK_GIVE_UP_AFTER_MS"),
+    webhookPollMs: num("X402_WEBHOOK_POLL_MS"),
     allowedAssets: list(env.X402_ASSETS),
     routerTokenFile: env.X402_ROUTER_TOKEN_FILE || undefined,
     schemes: list(env.X402_SCHEMES) as Scheme[] | undefined,
@@ -318,10 +358,40 @@ export function resolveFacilitatorConfig(...layers: FacilitatorConfigInput[]): F
             payerDailyFunding: c.erc20ApprovalPayerDailyFundingWei !== undefined ? { wei: BigInt(c.erc20ApprovalPayerDailyFundingWei) } : { fundings: DEFAULT_DAILY_FUNDINGS.payer },
           }
         : undefined,
+    webhooks: webhookConfigOf(c),
     routerTokenFile: c.routerTokenFile,
     allowedAssets: c.allowedAssets?.map((a) => getAddress(a)),
     assets: (c.assets as AssetInfo[] | undefined) ?? networkInfo(c.network)?.assets ?? [],
     policy: c.confirmations !== undefined ? { ...policy, confirmations: c.confirmations } : policy,
+  };
+}
+
+/** The webhook settings, checked: a URL needs the secret to sign with, and passes the URL rules (never echoed: it may carry a token). */
+function webhookConfigOf(c: z.infer<typeof fileSchema>): WebhookConfig | undefined {
+  if (!c.webhookSecretFile) {
+    if (c.webhookUrl) throw new Error("facilitator config: webhookUrl (X402_WEBHOOK_URL) needs webhookSecretFile (X402_WEBHOOK_SECRET_FILE) to sign its events");
+    return undefined;
+  }
+  const allowPrivateNetworks = c.webhookAllowPrivateNetworks ?? false;
+  const problem = c.webhookUrl ? webhookUrlProblem(c.webhookUrl, { allowPrivateNetworks }) : undefined;
+  if (problem) throw new Error(`facilitator config: webhookUrl (X402_WEBHOOK_URL): ${problem}`);
+  let secret: string;
+  try {
+    secret = readFileSync(c.webhookSecretFile, "utf8").trim();
+  } catch (e) {
+    throw new Error(`cannot read webhook secret file ${c.webhookSecretFile}: ${(e as NodeJS.ErrnoException).code ?? "error"}`);
+  }
+  if (secret.length < 32) throw new Error(`facilitator config: the webhook secret file ${c.webhookSecretFile} holds fewer than 32 characters (e.g. openssl rand -hex 32)`);
+  return {
+    url: c.webhookUrl,
+    secret,
+    allowPrivateNetworks,
+    timeoutMs: c.webhookTimeoutMs ?? 10_000,
+    retryBaseMs: c.webhookRetryBaseMs ?? 1000,
+    retryMaxMs: c.webhookRetryMaxMs ?? 3_600_000,
+    maxAttempts: c.webhookMaxAttempts ?? 40,
+    giveUpAfterMs: c.webhookGiveUpAfterMs ?? 86_400_000,
+    pollMs: c.webhookPollMs ?? 1000,
   };
 }
 

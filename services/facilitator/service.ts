@@ -28,6 +28,7 @@ import { createOutboxSigner, type OutboxSigner } from "./settlement/outbox-signe
 import { createApprovalSponsor } from "./settlement/approval-sponsor.ts";
 import { configureReceiptPolling } from "./settlement/receipts.ts";
 import { startReconciler } from "./settlement/reconciler.ts";
+import { acceptTenantWebhook, startWebhookDelivery } from "./settlement/webhooks.ts";
 import { explainMinedRevert } from "./settlement/reverts.ts";
 import { SETTLEMENT_MIGRATIONS, createSettlementStore } from "./settlement/store.ts";
 
@@ -37,6 +38,8 @@ export interface RunningFacilitator extends RunningService {
   /** The settlement engine's signer and reconciler (tests drive them directly). */
   outbox: OutboxSigner;
   reconciler: { pass(): Promise<void> };
+  /** The webhook delivery worker, when webhooks are configured (tests drive it directly). */
+  webhooks?: { pass(): Promise<void> };
 }
 
 export interface FacilitatorDeps {
@@ -109,7 +112,15 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
     });
     life.defer(() => balances.stop());
     for (const a of accounts) metrics.signerPending.set({ network: config.network, signer: a.address }, 0);
-    const coordinator = createSettlementCoordinator({ store, chain, network: config.network, waitBoundMs: config.receiptTimeoutMs, confirmations: config.confirmations });
+    const hooks = config.webhooks;
+    const coordinator = createSettlementCoordinator({
+      store,
+      chain,
+      network: config.network,
+      waitBoundMs: config.receiptTimeoutMs,
+      confirmations: config.confirmations,
+      webhooks: hooks && { facilitator: !!hooks.url, tenantUrl: (url) => acceptTenantWebhook(hooks, url) },
+    });
     const reconciler = startReconciler({
       store,
       signer,
@@ -123,6 +134,9 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
       onInsufficientFunds: (address) => balances.markUnfunded(address),
     });
     life.defer(() => reconciler.stop());
+    // Never on the settle path: events are written by the store's trigger, this only sends them.
+    const webhooks = hooks && startWebhookDelivery({ db, network: config.network, config: hooks, logger: log, metrics });
+    if (webhooks) life.defer(() => webhooks.stop());
     const screening = config.denyListFile ? life.own(watchDenyList(config.denyListFile, log)) : undefined;
     const hook = config.screening;
     const token = hook?.tokenFile ? `Bearer ${readFileSync(hook.tokenFile, "utf8").trim()}` : undefined;
@@ -188,7 +202,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
       ],
     });
     log.info({ url: `${url}/v2`, admin: adminUrl, pairs: facilitator.pairs(), signers: signer.getAddresses(), rpc: chain.endpoints, store: describeDatabase(config.databaseUrl) }, "facilitator listening");
-    return { url: `${url}/v2`, adminUrl, facilitator, signers: [...signer.getAddresses()], outbox: signer, reconciler };
+    return { url: `${url}/v2`, adminUrl, facilitator, signers: [...signer.getAddresses()], outbox: signer, reconciler, webhooks };
   });
 }
 

@@ -44,6 +44,11 @@ export interface CoordinatorOptions {
   /** A claim with no transaction is taken over by another caller after this long. */
   leaseMs?: number;
   pollIntervalMs?: number;
+  /**
+   * Settlement webhooks (webhooks.ts): whether this facilitator's own receiver gets every payment's
+   * events, and the tenant webhook URL a payment keeps (undefined: refused, or no signing secret).
+   */
+  webhooks?: { facilitator: boolean; tenantUrl(url: string | undefined): string | undefined };
 }
 
 export interface SettleJob {
@@ -67,6 +72,8 @@ export interface SettleJob {
   plan?: PaymentPlan;
   /** The API key (router tenant) it is settled under: only that tenant reads its status. */
   tenant?: string;
+  /** The tenant's webhook URL, as its router sent it (FLEET_HEADERS.tenantWebhook). */
+  webhook?: string;
   run: () => Promise<SettleResponse>;
 }
 
@@ -251,6 +258,11 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
     const deadline = Date.now() + opts.waitBoundMs;
     const owner = `${processId}:${randomUUID()}`;
     const terms = termsOf(job);
+    if (opts.webhooks) {
+      // A tenant's URL only with its tenant: its events are signed with that tenant's key.
+      terms.webhookUrl = job.tenant ? opts.webhooks.tenantUrl(job.webhook) : undefined;
+      terms.webhookFacilitator = opts.webhooks.facilitator;
+    }
     for (;;) {
       const claim = await store.claim(id, digest, job.requirements.scheme, payer, extra, owner, leaseMs, terms);
       if (claim.claimed) return execute(job, id, payer, deadline, owner, stored);
