@@ -32,12 +32,17 @@ import { planPayment, type PaymentPlan } from "./plan.ts";
 import { extractAndValidatePaymentIdentifier } from "@x402/extensions/payment-identifier";
 import { createErc20ApprovalGasSponsoringExtension } from "@x402/extensions";
 import { sponsorVerdict, type ApprovalSponsor, type SponsorRefusal } from "./settlement/approval-sponsor.ts";
+import { createSettlementStatus, type StatusCaller } from "./settlement/status.ts";
+import type { SettlementStore } from "./settlement/store.ts";
+import { SETTLEMENT_STATUS, type ConfirmationPolicy } from "../x402/extensions.ts";
 
 export interface FacilitatorOptions {
   network: Caip2;
   signer: OutboxSigner;
   chain: ChainClient;
   coordinator: SettlementCoordinator;
+  /** The settlement store and the depth a settlement is final at: the status API, and the policy /supported publishes. */
+  settlements?: { store: SettlementStore; confirmations: number };
   schemes: Scheme[];
   /** Known assets of this network: their EIP-712 domain fills a missing `extra` (service-shape requests carry none). */
   assets: AssetInfo[];
@@ -67,6 +72,10 @@ export interface Facilitator {
   settle(body: unknown, caller?: CallerHeaders, gas?: GasMeter): Promise<SettleResponse>;
   supported(): SupportedResponse;
   pairs(): string[];
+  /** GET /v2/settlements/status: a payment named by its transaction, identifier, or payer and nonce (status.ts). */
+  status(query: Record<string, unknown>, caller?: StatusCaller): Promise<{ status: number; body: unknown }>;
+  /** POST /v2/settlements/status: the very payment a resource server sent to /settle. */
+  statusOf(body: unknown, caller?: StatusCaller): Promise<{ status: number; body: unknown }>;
 }
 
 export function createFacilitator(opts: FacilitatorOptions): Facilitator {
@@ -89,7 +98,19 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
   // ERC-20 approval sponsoring needs its signer registered as the extension.
   const sponsor = opts.approvalSponsor;
   if (sponsor) core.registerExtension(createErc20ApprovalGasSponsoringExtension(sponsor));
-  const supported = { ...(core.getSupported() as SupportedResponse), extensions: extensionsFor(opts.schemes, { erc20ApprovalSponsoring: !!sponsor }) };
+  // The confirmation policy: at what depth a settlement is answered success and counted final.
+  const settlements = opts.settlements;
+  const policy: ConfirmationPolicy | undefined = settlements && { [opts.network]: { confirmations: settlements.confirmations } };
+  const supported = {
+    ...(core.getSupported() as SupportedResponse),
+    extensions: [...extensionsFor(opts.schemes, { erc20ApprovalSponsoring: !!sponsor }), ...(policy ? [SETTLEMENT_STATUS] : [])],
+    ...(policy ? { confirmationPolicy: policy } : {}),
+  };
+  const status = settlements && createSettlementStatus({ ...settlements, chain: opts.chain, network: opts.network, reusedReason: (p, r) => settleJobOf(p, r).reusedReason });
+  const statusService = () => {
+    if (!status) throw new RequestError("not_found", "this facilitator keeps no settlement status");
+    return status;
+  };
   const fastExact = createFastExactVerifier({ chain: opts.chain, signer });
   const pairs = supported.kinds.map((k) => pairKey(k.scheme, k.network));
   const domainByAsset = new Map(opts.assets.filter((a) => a.eip712).map((a) => [getAddress(a.address), a.eip712!]));
@@ -221,6 +242,12 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
   return {
     pairs: () => [...pairs],
     supported: () => supported,
+    status: (query, caller = {}) => statusService().lookup(query, caller),
+    statusOf: async (body, caller = {}) => {
+      const service = statusService();
+      const { payload, requirements } = prepare(body);
+      return service.ofPayment(payload, requirements, caller);
+    },
 
     async verify(body) {
       const { payload, requirements } = prepare(body);
@@ -263,6 +290,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
 
     async settle(body, caller = {}, gas) {
       const { payload, requirements } = prepare(body);
+      const job = { ...settleJobOf(payload, requirements), tenant: caller.tenant };
       if (opts.receiverAuthorizer && requirements.scheme === "batch-settlement") {
         authenticateReceivers(receiversNeedingAuthorizer(payload.payload, opts.receiverAuthorizer.address), caller.authorization, opts.receiverCredentials);
       }
@@ -282,7 +310,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
             }
           : await watchRpc(() =>
               opts.coordinator.settle({
-                ...settleJobOf(payload, requirements),
+                ...job,
                 clientId,
                 gas,
                 plan,
@@ -317,6 +345,10 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       if (clientId && (response.success || response.transaction)) {
         await opts.coordinator.bindIdentifier(clientId, payload, requirements).catch((e: unknown) => opts.logger.warn({ err: errorSummary(e) }, "payment identifier not bound"));
       }
+      // A refusal with nothing sent is kept so the payment's status can say why (not a 503: that is no verdict).
+      if (settlements && !response.success && !response.transaction && !NO_VERDICT.has(response.errorReason ?? "")) {
+        await opts.coordinator.noteRefusal(job, response).catch((e: unknown) => opts.logger.warn({ err: errorSummary(e) }, "refusal not recorded for the status API"));
+      }
       // The size of the router's next reservation for this scheme (no quote when the RPC is down).
       // (A counterfactual payer's wallet may be deployed first, a sponsored payer funded first: one more transaction each.)
       if (gas) {
@@ -350,6 +382,8 @@ const STORE_UNAVAILABLE = "store_unavailable";
 /** Another request holds the payment's claim with nothing sent (answered 503). */
 const STORE_BUSY = "settlement_busy";
 const RETRY_SOON = { "retry-after": "1" };
+/** Answers that say nothing of the payment (ours or a provider's fault): never kept as its status. */
+const NO_VERDICT = new Set([RPC_UNAVAILABLE, STORE_UNAVAILABLE, STORE_BUSY, UNEXPECTED_SETTLE_ERROR, SETTLEMENT_PENDING]);
 const rpcUnavailable = (opts: FacilitatorOptions) =>
   new RequestError("backend_unavailable", `the RPC of ${opts.network} (${opts.chain.endpoints.join(", ")}) did not answer; retry later`);
 

@@ -146,6 +146,7 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
       ? createApprovalSponsor({ signer, chain, store, network: config.network, logger: log, metrics, ...sponsoring, simulateFrom: config.uptoFacilitatorAddress, receiptTimeoutMs: config.receiptTimeoutMs })
       : undefined;
     const facilitator = createFacilitator({
+      settlements: { store, confirmations: config.confirmations },
       approvalSponsor,
       screening,
       screeningHook,
@@ -189,6 +190,10 @@ export async function startFacilitatorService(config: FacilitatorConfig, logger:
           }
         },
         supported: async () => ok(facilitator.supported()),
+        status: {
+          lookup: (query, caller) => facilitator.status(query, caller),
+          ofPayment: (body, caller) => facilitator.statusOf(body, caller),
+        },
       },
     });
     const { url, adminUrl } = await serve(life, app, config, {

@@ -1,6 +1,6 @@
 // The /v2 contract surface the router and the facilitator serve (on the HTTP kit): its routes,
 // response schemas, and the headers between the router and its facilitators.
-import type { FastifyInstance, FastifyReply } from "fastify";
+import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { COMMON_STATUS, CodedError } from "./errors.ts";
 import { createServiceApp } from "./http-kit.ts";
 import type { Logger } from "./logger.ts";
@@ -46,6 +46,11 @@ export interface ContractHandlers {
   verify(body: unknown, caller: CallerHeaders): Promise<HandlerResult>;
   settle(body: unknown, caller: CallerHeaders): Promise<HandlerResult>;
   supported(): Promise<HandlerResult>;
+  /** What became of a payment (docs/facilitator-interface.md): GET by what names it, POST with the payment itself. */
+  status?: {
+    lookup(query: Record<string, unknown>, caller: CallerHeaders): Promise<HandlerResult>;
+    ofPayment(body: unknown, caller: CallerHeaders): Promise<HandlerResult>;
+  };
   /** The bazaar discovery catalog (router only, when enabled): GET /v2/discovery/resources and /search. */
   discovery?: {
     resources(query: Record<string, unknown>): Promise<HandlerResult>;
@@ -131,7 +136,8 @@ const RESPONSE_SCHEMAS = {
 
 export function createContractApp(opts: ContractAppOptions): FastifyInstance {
   const discovery = opts.handlers.discovery;
-  const endpoints = `endpoints are POST /v2/verify, POST /v2/settle, GET /v2/supported${discovery ? ", GET /v2/discovery/resources, GET /v2/discovery/search" : ""}`;
+  const status = opts.handlers.status;
+  const endpoints = `endpoints are POST /v2/verify, POST /v2/settle, GET /v2/supported${status ? ", GET and POST /v2/settlements/status" : ""}${discovery ? ", GET /v2/discovery/resources, GET /v2/discovery/search" : ""}`;
   // The charset fastify would add to a JSON string body, given here so it is not worked out per reply.
   const reply = (r: FastifyReply, result: HandlerResult) => r.code(result.status).headers(result.headers ?? {}).type("application/json; charset=utf-8").send(result.body);
   return createServiceApp({ ...opts, bodyLimit: opts.bodyLimit ?? DEFAULT_BODY_LIMIT, endpoints }, (app) => {
@@ -173,6 +179,18 @@ export function createContractApp(opts: ContractAppOptions): FastifyInstance {
       });
     }
     app.get("/v2/supported", { schema: { response: { 200: RESPONSE_SCHEMAS.supported } } }, async (_request, r) => reply(r, await opts.handlers.supported()));
+    if (status) {
+      // A facilitator with a router token answers only its router (which checks API keys and says whose call it is).
+      const callerOf = (request: FastifyRequest): CallerHeaders => {
+        const fromRouter = opts.routerTokens?.accepts(headerValue(request.headers[FLEET_HEADERS.routerToken])) ?? false;
+        if (opts.routerTokens && !fromRouter) throw new CodedError("router_token_required", `this ${opts.service} answers status only for its router: ${FLEET_HEADERS.routerToken} missing or not accepted`, 401);
+        const caller: CallerHeaders = { authorization: request.headers.authorization, apiKey: headerValue(request.headers["x-api-key"]) };
+        if (fromRouter) Object.assign(caller, { fromRouter: true, tenant: headerValue(request.headers[FLEET_HEADERS.tenant]) });
+        return caller;
+      };
+      app.get("/v2/settlements/status", async (request, r) => reply(r, await status.lookup(request.query as Record<string, unknown>, callerOf(request))));
+      app.post("/v2/settlements/status", async (request, r) => reply(r, await status.ofPayment(request.body, callerOf(request))));
+    }
     if (discovery) {
       for (const action of ["resources", "search"] as const) {
         app.get(`/v2/discovery/${action}`, async (request, r) => reply(r, await discovery[action](request.query as Record<string, unknown>)));

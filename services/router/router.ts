@@ -14,6 +14,7 @@ import { traceHeaders } from "../platform/tracing.ts";
 import { API_KEY_PREFIX, outOfScope, type ApiKeyInfo, type ApiKeyStore, type GasReservation } from "../tenants/api-keys.ts";
 import type { Backend, RoutingTable } from "./routing-table.ts";
 import { declaresBazaar, type RouterDiscovery } from "./discovery.ts";
+import { SETTLEMENT_STATUS, type ConfirmationPolicy } from "../x402/extensions.ts";
 
 export interface RouterOptions {
   logger: Logger;
@@ -89,6 +90,8 @@ export function createRouter(opts: RouterOptions): Router {
   let routes = new Map<string, Route>();
   let pools = new Map<string, Pool>();
   let supported: SupportedResponse = { kinds: [], extensions: [], signers: {} };
+  // The facilitators' confirmation policies, as their /supported last said (probeBackends).
+  const policies = new Map<string, { confirmations: number }>();
   // The facilitators' latest worst case of one settlement per (scheme, network): the size of a gas reservation.
   const gasQuotes = new Map<string, bigint>();
 
@@ -149,6 +152,8 @@ export function createRouter(opts: RouterOptions): Router {
       // The caller's credentials go to the facilitator as sent (receiver authentication for batch-settlement).
       if (forwardedAuthorization) headers.authorization = forwardedAuthorization;
       if (opts.routerToken) headers[FLEET_HEADERS.routerToken] = opts.routerToken.current();
+      // Whose settlement it is: only that key reads its status.
+      if (key) headers[FLEET_HEADERS.tenant] = key.id;
       // A facilitator that knows us refuses a settle without an allowance: without keys, or for a
       // key with no budget on this network, it is "unlimited" (metering only).
       if (action === "settle" && (gas || opts.routerToken)) headers[FLEET_HEADERS.gasAllowance] = gas?.day ? gas.wei.toString() : "unlimited";
@@ -304,13 +309,60 @@ export function createRouter(opts: RouterOptions): Router {
     return new RequestError("backend_unavailable", `the facilitator for ${network} cannot be reached (${code ?? "connection failed"})`);
   }
 
+  /**
+   * A status question (GET by what names the payment, POST with the payment) goes to its network's
+   * facilitator. With keys the caller must hold one in scope of the network (no quota is counted:
+   * asking costs no gas), and the facilitator answers only about that key's own settlements.
+   */
+  async function forwardStatus(method: "GET" | "POST", network: unknown, query: Record<string, unknown>, body: unknown, caller: CallerHeaders): Promise<HandlerResult> {
+    const bearer = caller.authorization ? /^Bearer\s+(\S+)$/i.exec(caller.authorization)?.[1] : undefined;
+    const ownKey = bearer?.startsWith(API_KEY_PREFIX) ? bearer : undefined;
+    const key = opts.apiKeys ? await authenticate(opts.apiKeys, caller.apiKey ?? ownKey) : undefined;
+    if (typeof network !== "string" || network.length === 0) throw new RequestError("invalid_status_query", "name the payment's network: network=<CAIP-2> (GET) or paymentRequirements.network (POST)");
+    const route = [...routes.values()].find((r) => r.backend.network === network);
+    if (!route) throw new RequestError("unsupported_scheme_network", `no facilitator for ${network}; networks: ${[...new Set([...routes.values()].map((r) => r.backend.network))].join(", ") || "(none)"}`);
+    if (key?.networks.length && !key.networks.includes(network)) throw new RequestError("api_key_out_of_scope", `the key is not allowed on ${network} (allowed: ${key.networks.join(", ")})`);
+    const headers = traceHeaders();
+    if (opts.routerToken) headers[FLEET_HEADERS.routerToken] = opts.routerToken.current();
+    if (key) headers[FLEET_HEADERS.tenant] = key.id;
+    const search = new URLSearchParams();
+    for (const [name, value] of Object.entries(query)) if (typeof value === "string") search.set(name, value);
+    const path = `${route.basePath}/settlements/status${method === "GET" ? `?${search}` : ""}`;
+    const timeout = opts.verifyTimeoutMs ?? 30_000;
+    let res;
+    try {
+      res = await route.pool.request({
+        method,
+        path,
+        headers: method === "POST" ? { ...headers, "content-type": "application/json" } : headers,
+        ...(method === "POST" ? { body: rawBodyOf(body) ?? JSON.stringify(body) } : {}),
+        headersTimeout: timeout,
+        bodyTimeout: timeout,
+      });
+    } catch (e) {
+      throw unreachable(e, network, timeout);
+    }
+    const text = await res.body.text().catch((e: unknown) => {
+      throw unreachable(e, network, timeout);
+    });
+    if (!String(res.headers["content-type"] ?? "").includes("application/json")) throw new RequestError("backend_unavailable", `the facilitator for ${network} answered HTTP ${res.statusCode} without a JSON body`);
+    return { status: res.statusCode, body: text };
+  }
+
   async function probeBackends() {
     const unique = new Map([...routes.values()].map((r) => [r.backend.network, r]));
     await Promise.all(
       [...unique.values()].map(async (route) => {
+        const network = route.backend.network;
         const up = await route.pool
           .request({ method: "GET", path: `${route.basePath}/supported`, headersTimeout: 2000, bodyTimeout: 2000 })
-          .then(async (res) => (await res.body.dump(), res.statusCode === 200 ? 1 : 0))
+          .then(async (res) => {
+            if (res.statusCode !== 200) return (await res.body.dump(), 0);
+            // Its confirmation policy is the facilitator's own (its configuration): published as it says.
+            const policy = ((await res.body.json().catch(() => undefined)) as { confirmationPolicy?: ConfirmationPolicy } | undefined)?.confirmationPolicy?.[network];
+            if (policy && Number.isInteger(policy.confirmations) && policy.confirmations > 0) policies.set(network, { confirmations: policy.confirmations });
+            return 1;
+          })
           .catch(() => 0);
         opts.metrics.backendUp.set({ network: route.backend.network }, up);
       }),
@@ -322,7 +374,16 @@ export function createRouter(opts: RouterOptions): Router {
     probeBackends,
     verify: (body, caller) => forward("verify", body, caller),
     settle: (body, caller) => forward("settle", body, caller),
-    supported: async () => ({ status: 200, body: supported }),
+    supported: async () => {
+      const known = Object.fromEntries([...policies].filter(([network]) => supported.kinds.some((k) => k.network === network)));
+      if (Object.keys(known).length === 0) return { status: 200, body: supported };
+      const extensions = supported.extensions.includes(SETTLEMENT_STATUS) ? supported.extensions : [...supported.extensions, SETTLEMENT_STATUS];
+      return { status: 200, body: { ...supported, extensions, confirmationPolicy: known } };
+    },
+    status: {
+      lookup: (query, caller) => forwardStatus("GET", query.network, query, undefined, caller),
+      ofPayment: (body, caller) => forwardStatus("POST", (body as { paymentRequirements?: { network?: unknown } } | null)?.paymentRequirements?.network, {}, body, caller),
+    },
     ...(opts.discovery ? { discovery: { resources: opts.discovery.resources, search: opts.discovery.search } } : {}),
     close: async () => {
       await Promise.all([...pools.values()].map((p) => p.close()));

@@ -21,6 +21,9 @@ const STATUS = {
   gas_budget_exhausted: 429,
   gas_allowance_required: 400,
   payment_identifier_conflict: 409,
+  invalid_status_query: 400,
+  payment_not_found: 404,
+  ambiguous_payment: 409,
 } as const;
 
 export type RequestErrorCode = keyof typeof STATUS;

@@ -10,6 +10,12 @@ export const ERC20_APPROVAL_GAS_SPONSORING = "erc20ApprovalGasSponsoring";
 /** The client's idempotency id (payment-identifier extension), honoured for every scheme. */
 export const PAYMENT_IDENTIFIER = "payment-identifier";
 
+/** Our extension entry: GET/POST /v2/settlements/status is served, and /supported carries `confirmationPolicy`. */
+export const SETTLEMENT_STATUS = "settlement-status";
+
+/** Per network: the depth at which a settlement is answered success and counted final (/supported `confirmationPolicy`). */
+export type ConfirmationPolicy = Record<string, { confirmations: number }>;
+
 export function extensionsFor(schemes: readonly string[], opts: { erc20ApprovalSponsoring?: boolean } = {}): string[] {
   const permit2 = schemes.includes("exact") || schemes.includes("upto");
   return [
