@@ -572,3 +572,41 @@ describe("a gas budget is charged what the facilitator's signer lost", () => {
     }
   });
 });
+
+describe("settlement status with API keys", () => {
+  it("a tenant reads the status of its own settlements only; without a key, none; the router publishes each network's confirmation policy", async () => {
+    const net = devnet.info.networks[0]!;
+    const asset = net.assets.find((a) => a.transferMethods.includes("eip3009"))!;
+    const owner = (await newKey("status-owner")).key;
+    const stranger = (await newKey("status-stranger")).key;
+    const spec = { network: net.network, chainId: net.chainId, asset, payerKey: devnet.info.payers[0]!.privateKey, payTo: devnet.info.receivers[0]!.address, amount: 4321n };
+    const body = serviceShape(spec, await signEip3009(spec));
+    const before = await chainState();
+    const settled = await postJson(`${router.url}/settle`, body, { headers: { "x-api-key": owner } });
+    expect(settled.json).toMatchObject({ success: true });
+    const hash = settled.json.transaction as `0x${string}`;
+    const receipt = await createPublicClient({ transport: http(net.rpcUrl) }).getTransactionReceipt({ hash });
+    expect(receipt.status).toBe("success");
+    expect((await chainState()).received - before.received).toBe(4321n);
+
+    const ask = (key?: string) => fetch(`${router.url}/settlements/status?network=${net.network}&transaction=${hash}`, { headers: key ? { "x-api-key": key } : {} }).then(async (r) => ({ status: r.status, json: (await r.json()) as Record<string, unknown> }));
+    expect(await ask(owner)).toMatchObject({ status: 200, json: { status: "settled", state: "confirmed", transaction: hash, amount: "4321", blockNumber: receipt.blockNumber.toString() } });
+    // Another tenant: not found (never "forbidden": it learns nothing of whose it is).
+    expect(await ask(stranger)).toMatchObject({ status: 404, json: { error: expect.stringMatching(/^payment_not_found: /) } });
+    expect(await ask()).toMatchObject({ status: 401, json: { error: expect.stringMatching(/^api_key_required: /) } });
+    // The same with the payment itself.
+    expect((await postJson(`${router.url}/settlements/status`, body, { headers: { "x-api-key": owner } })).json).toMatchObject({ transaction: hash, state: "confirmed" });
+    expect((await postJson(`${router.url}/settlements/status`, body, { headers: { "x-api-key": stranger } })).status).toBe(404);
+    // The facilitator's own port answers only its router.
+    const direct = await fetch(`${net.facilitatorUrl}/settlements/status?network=${net.network}&transaction=${hash}`);
+    expect(direct.status).toBe(401);
+
+    // The router learns each facilitator's policy from its /supported (probed at start and every few seconds).
+    const supported = await until(async () => {
+      const s = (await (await fetch(`${router.url}/supported`)).json()) as { confirmationPolicy?: Record<string, { confirmations: number }>; extensions: string[] };
+      return s.confirmationPolicy?.[net.network] ? s : undefined;
+    }, "the router's /supported to carry the confirmation policy", 20_000);
+    expect(supported.confirmationPolicy![net.network]).toEqual({ confirmations: 1 });
+    expect(supported.extensions).toContain("settlement-status");
+  });
+});
