@@ -1,0 +1,224 @@
+// Settlement webhooks (docs/facilitator-interface.md, "Webhooks"), judged on chain: a receiver that
+// is down for 30 s, then hangs, then answers, gets every event of real settlements on the devnet
+// afterwards, each exactly in order per payment, each verifiable by its signature; a hanging
+// receiver never holds up /settle; the documented verification refuses forged, tampered, stale and
+// replayed deliveries. On the embedded engine, and on PostgreSQL when DATABASE_URL is set.
+import { createServer, type IncomingHttpHeaders, type ServerResponse } from "node:http";
+import { randomBytes } from "node:crypto";
+import { writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { erc20Abi, parseEventLogs, parseGwei, type Address, type Hex } from "viem";
+import { privateKeyToAccount } from "viem/accounts";
+import { freePort } from "../services/devnet/anvil.ts";
+import { createReplayGuard, signWebhook, tenantWebhookKey, verifyWebhook, webhookHeaders, type SettlementEvent } from "../services/x402/webhooks.ts";
+import { ENGINES, startRig, type Rig } from "./helpers/settlement-rig.ts";
+import { balanceOf } from "./helpers/chain.ts";
+import { metricSum, nonceOf, publicClient, transferToken } from "./helpers/onchain.ts";
+import { postJson } from "./helpers/payments.ts";
+import { until } from "./helpers/cluster.ts";
+
+const DOWN_MS = 30_000;
+const sink = privateKeyToAccount("0x1111111111111111111111111111111111111111111111111111111111111111").address;
+
+interface Request {
+  body: string;
+  headers: IncomingHttpHeaders;
+  event: { paymentId: string; sequence: number };
+  /** The highest sequence of this payment the receiver had accepted when this request arrived. */
+  acceptedBefore: number;
+  status?: number;
+}
+
+/** A webhook receiver on a fixed port: down (nothing listens), hanging (never answers), or verifying and answering. */
+function receiver(port: number, secret: string) {
+  let mode: "hang" | "ok" = "hang";
+  const requests: Request[] = [];
+  const accepted: { event: SettlementEvent; body: string; headers: IncomingHttpHeaders }[] = [];
+  const hung = new Set<ServerResponse>();
+  const replay = createReplayGuard();
+  let duplicates = 0;
+  const highest = (paymentId: string) => Math.max(0, ...accepted.filter((a) => a.event.paymentId === paymentId).map((a) => a.event.sequence));
+  const server = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on("data", (c: Buffer) => chunks.push(c));
+    req.on("end", () => {
+      const body = Buffer.concat(chunks).toString("utf8");
+      const event = JSON.parse(body) as SettlementEvent;
+      const r: Request = { body, headers: req.headers, event, acceptedBefore: highest(event.paymentId) };
+      requests.push(r);
+      if (mode === "hang") return void hung.add(res);
+      const v = verifyWebhook({ body, headers: req.headers, secret, replay });
+      // A replay of an event handled before is answered 2xx, not handled again (the sender lost our answer).
+      if (v.ok) accepted.push({ event: v.event, body, headers: req.headers });
+      else if (v.reason === "replayed") duplicates++;
+      r.status = v.ok || v.reason === "replayed" ? 200 : 400;
+      res.writeHead(r.status).end();
+    });
+  });
+  return {
+    requests,
+    accepted,
+    hung,
+    duplicates: () => duplicates,
+    up: () => new Promise<void>((resolve) => server.listen(port, "127.0.0.1", resolve)),
+    answer() {
+      mode = "ok";
+      for (const res of hung) res.destroy(); // the hung deliveries fail now instead of at their timeout
+      hung.clear();
+    },
+    close: () => new Promise<void>((resolve) => {
+      for (const res of hung) res.destroy();
+      server.closeAllConnections();
+      server.close(() => resolve());
+    }),
+  };
+}
+
+describe("verifyWebhook", () => {
+  const secret = "s".repeat(40);
+  const body = JSON.stringify({ id: "evt-1", type: "confirmed", sequence: 2 });
+  const now = 1_800_000_000_000;
+  const headers = webhookHeaders(secret, "evt-1", body, now);
+
+  it("accepts a delivery signed with the key over this body and timestamp, once", () => {
+    const replay = createReplayGuard();
+    expect(verifyWebhook({ body, headers, secret, now, replay })).toMatchObject({ ok: true, event: { id: "evt-1" } });
+    expect(verifyWebhook({ body, headers, secret, now: now + 1000, replay })).toEqual({ ok: false, reason: "replayed" });
+    // Headers as fetch's Headers, bytes as the body, and a key list (rotation) work alike.
+    expect(verifyWebhook({ body: Buffer.from(body), headers: new Headers(headers), secret: ["other".repeat(8), secret], now }).ok).toBe(true);
+  });
+
+  it("refuses a forged key, a tampered body, a stale or future timestamp, missing headers, another event's body", () => {
+    expect(verifyWebhook({ body, headers, secret: "f".repeat(40), now })).toEqual({ ok: false, reason: "bad_signature" });
+    expect(verifyWebhook({ body: body.replace('"sequence":2', '"sequence":3'), headers, secret, now })).toEqual({ ok: false, reason: "bad_signature" });
+    expect(verifyWebhook({ body, headers, secret, now: now + 301_000 })).toEqual({ ok: false, reason: "stale_timestamp" });
+    expect(verifyWebhook({ body, headers, secret, now: now - 301_000 })).toEqual({ ok: false, reason: "stale_timestamp" });
+    // A fresh timestamp on a captured signature does not pass: the timestamp is signed.
+    expect(verifyWebhook({ body, headers: { ...headers, "x402-webhook-timestamp": String(now / 1000 + 60) }, secret, now })).toEqual({ ok: false, reason: "bad_signature" });
+    expect(verifyWebhook({ body, headers: { "x402-webhook-id": "evt-1" }, secret, now })).toEqual({ ok: false, reason: "missing_headers" });
+    const other = JSON.stringify({ id: "evt-2" });
+    expect(verifyWebhook({ body: other, headers: { ...headers, "x402-webhook-signature": signWebhook(secret, now / 1000, other) }, secret, now })).toEqual({ ok: false, reason: "invalid_body" });
+  });
+
+  it("a tenant's key is derived from the fleet secret and the API key id, and differs per tenant", () => {
+    expect(tenantWebhookKey(secret, "0123456789abcdef")).toMatch(/^[0-9a-f]{64}$/);
+    expect(tenantWebhookKey(secret, "0123456789abcdef")).not.toBe(tenantWebhookKey(secret, "0123456789abcdee"));
+  });
+});
+
+describe.each(ENGINES)("settlement webhooks on the %s engine", (engine) => {
+  let rig: Rig;
+  let hook: ReturnType<typeof receiver>;
+  const secret = randomBytes(32).toString("hex");
+
+  beforeAll(async () => {
+    rig = await startRig({ engine });
+    await writeFile(join(rig.dir, "webhook.secret"), secret + "\n");
+  });
+  afterAll(async () => {
+    await hook?.close();
+    await rig?.stop();
+  });
+
+  it("a receiver down for 30 s, then hanging, gets every event afterwards, in order, signed; /settle never waits on it; judged on chain", async () => {
+    const port = await freePort();
+    hook = receiver(port, secret);
+    const f = await rig.facilitator({
+      // The URL carries a token: the sender logs only its origin.
+      webhookUrl: `http://127.0.0.1:${port}/x402/events?token=${randomBytes(8).toString("hex")}`,
+      webhookSecretFile: join(rig.dir, "webhook.secret"),
+      webhookAllowPrivateNetworks: true,
+      webhookTimeoutMs: 1000,
+      webhookRetryBaseMs: 100,
+      webhookRetryMaxMs: 500,
+      webhookMaxAttempts: 1000,
+      webhookPollMs: 100,
+    });
+    const url = rig.anvil.rpcUrl;
+    const payer = privateKeyToAccount(rig.payerKey).address;
+    const signer = f.signers[0] as Address;
+
+    // Down: nothing listens on the receiver's port.
+    const downSince = Date.now();
+    const a = await rig.payment(1000n);
+    const settledA = (await postJson(`${f.url}/settle`, a)).json;
+    expect(settledA).toMatchObject({ success: true });
+
+    // B: its transaction is mined and reverts (a transfer ordered before it takes the payer's
+    // balance below its amount: settle-reverts.test.ts), leaving 500 for C.
+    const b = await rig.payment(800n);
+    await rig.test.setAutomine(false);
+    const pendingB = postJson(`${f.url}/settle`, b);
+    await until(async () => (await nonceOf(url, signer, "pending")) === 2, "B's transaction sent");
+    const all = await balanceOf(url, rig.usdc.address, payer);
+    await transferToken(url, rig.chainId, rig.payerKey, rig.usdc.address, sink, all - 500n, parseGwei("100"));
+    await rig.test.mine({ blocks: 1 });
+    await rig.test.setAutomine(true);
+    const settledB = (await pendingB).json;
+    expect(settledB).toMatchObject({ success: false, errorReason: "invalid_exact_evm_insufficient_balance" });
+
+    // Every attempt so far failed (the receiver is down), and they were retried.
+    await until(async () => (await metricSum(f.adminUrl, "x402_webhook_deliveries_total", { result: "failed" })) >= 4, "failed attempts");
+    expect(await metricSum(f.adminUrl, "x402_webhook_deliveries_total", { result: "delivered" })).toBe(0);
+    await new Promise((r) => setTimeout(r, Math.max(0, DOWN_MS - (Date.now() - downSince))));
+    expect(hook.requests).toHaveLength(0);
+
+    // Up, but hanging: deliveries arrive and are never answered. C settles meanwhile.
+    await hook.up();
+    await until(() => hook.hung.size > 0, "a delivery held by the hanging receiver");
+    const c = await rig.payment(500n);
+    const settledC = (await postJson(`${f.url}/settle`, c)).json;
+    expect(settledC).toMatchObject({ success: true });
+    expect(hook.hung.size).toBeGreaterThan(0); // still unanswered while /settle answered
+    expect(hook.accepted).toHaveLength(0);
+
+    // Answering: everything arrives.
+    hook.answer();
+    const ofPayment = (answer: Record<string, unknown>) => {
+      const outcome = hook.accepted.find((x) => x.event.sequence === 2 && x.event.transaction === answer.transaction);
+      return outcome ? hook.accepted.filter((x) => x.event.paymentId === outcome.event.paymentId) : [];
+    };
+    await until(() => [settledA, settledB, settledC].every((s) => ofPayment(s).length === 2), "every event delivered", 60_000);
+
+    const receipts = publicClient(url);
+    for (const [answer, outcome, amount] of [
+      [settledA, "confirmed", 1000n],
+      [settledB, "failed", 800n],
+      [settledC, "confirmed", 500n],
+    ] as const) {
+      const events = ofPayment(answer).map((x) => x.event);
+      // In order, once each: submitted with the transaction sent, then its outcome.
+      expect(events.map((e) => [e.sequence, e.type])).toEqual([
+        [1, "submitted"],
+        [2, outcome],
+      ]);
+      expect(events[0]).toMatchObject({ status: "pending", network: rig.network, transaction: answer.transaction, payer, payTo: rig.receiver.toLowerCase(), token: rig.usdc.address.toLowerCase(), amount: String(amount) });
+      const receipt = await receipts.getTransactionReceipt({ hash: answer.transaction as Hex });
+      const transfers = parseEventLogs({ abi: erc20Abi, logs: receipt.logs, eventName: "Transfer" });
+      if (outcome === "confirmed") {
+        expect(events[1]).toMatchObject({ status: "settled", transaction: answer.transaction, amount: String(amount) });
+        expect(receipt.status).toBe("success");
+        expect(transfers.map((t) => [t.address.toLowerCase(), t.args.from, t.args.to, t.args.value])).toContainEqual([rig.usdc.address.toLowerCase(), payer, rig.receiver, amount]);
+      } else {
+        expect(events[1]).toMatchObject({ status: "failed", transaction: answer.transaction, errorReason: "invalid_exact_evm_insufficient_balance" });
+        expect(receipt.status).toBe("reverted");
+        expect(transfers).toHaveLength(0);
+      }
+    }
+    // No event of a payment arrived, even once, before the one before it was accepted.
+    const ours = new Set([settledA, settledB, settledC].flatMap((s) => ofPayment(s).map((x) => x.event.paymentId)));
+    for (const r of hook.requests.filter((x) => ours.has(x.event.paymentId))) expect(r.event.sequence).toBeLessThanOrEqual(r.acceptedBefore + 1);
+    expect(hook.requests.filter((r) => r.status === 400)).toHaveLength(0);
+
+    // The documented verification, on a delivery as sent: a replay, a forged key, a tampered body, a stale one.
+    const sent = ofPayment(settledA)[1]!;
+    const at = Number(sent.headers["x402-webhook-timestamp"]) * 1000;
+    const replay = createReplayGuard();
+    expect(verifyWebhook({ body: sent.body, headers: sent.headers, secret, now: at, replay }).ok).toBe(true);
+    expect(verifyWebhook({ body: sent.body, headers: sent.headers, secret, now: at, replay })).toEqual({ ok: false, reason: "replayed" });
+    expect(verifyWebhook({ body: sent.body, headers: sent.headers, secret: randomBytes(32).toString("hex"), now: at })).toEqual({ ok: false, reason: "bad_signature" });
+    expect(verifyWebhook({ body: sent.body.replace('"1000"', '"1"'), headers: sent.headers, secret, now: at })).toEqual({ ok: false, reason: "bad_signature" });
+    expect(verifyWebhook({ body: sent.body, headers: sent.headers, secret, now: at + 301_000 })).toEqual({ ok: false, reason: "stale_timestamp" });
+  }, 180_000);
+});
