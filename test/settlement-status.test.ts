@@ -11,6 +11,14 @@ import { ENGINES, startRig, stopRig, type Rig } from "./helpers/settlement-rig.t
 import { balanceOf } from "./helpers/chain.ts";
 import { postJson } from "./helpers/payments.ts";
 import { eventually, nonceOf, publicClient, rpc } from "./helpers/onchain.ts";
+import type { AddressInfo } from "node:net";
+import express from "express";
+import { paymentMiddleware, x402ResourceServer } from "@x402/express";
+import { HTTPFacilitatorClient } from "@x402/core/server";
+import { ExactEvmScheme as ExactServer } from "@x402/evm/exact/server";
+import { ExactEvmScheme as ExactClient } from "@x402/evm/exact/client";
+import { decodePaymentResponseHeader, wrapFetchWithPayment, x402Client } from "@x402/fetch";
+import { recoverPendingSettlements } from "../services/x402/settlement-status.ts";
 
 let rig: Rig | undefined;
 afterEach(() => stopRig(rig).finally(() => (rig = undefined)));
@@ -158,5 +166,49 @@ describe("settlement status", () => {
       expect(r.json.error).toMatch(/^invalid_status_query: /);
     }
     expect((await postJson(`${f.url}/settlements/status`, { nonsense: true })).status).toBe(400);
+  });
+});
+
+describe("the resource server's side", () => {
+  it("a reference resource server with recoverPendingSettlements serves a payment whose settle stayed settlement_pending once it is mined; the client hears success with the mined hash", async () => {
+    rig = await startRig();
+    const f = await rig.facilitator({ receiptTimeoutMs: 1000 });
+    const recover = recoverPendingSettlements({ url: f.url, waitMs: 60_000, intervalMs: 200 });
+    // The reference itself retries a pending settle; the hook runs once /settle has said pending for good.
+    let failed: (() => void) | undefined;
+    const settleFailed = new Promise<void>((r) => (failed = r));
+    const resourceServer = new x402ResourceServer(new HTTPFacilitatorClient({ url: f.url }))
+      .register(rig.network as `${string}:${string}`, new ExactServer())
+      .onSettleFailure(async (context) => {
+        failed!();
+        return recover(context);
+      });
+    const app = express();
+    app.use(paymentMiddleware({ "GET /report": { accepts: { scheme: "exact", price: "$0.01", network: rig.network as `${string}:${string}`, payTo: rig.receiver } } }, resourceServer));
+    app.get("/report", (_req, res) => void res.json({ report: "sunny" }));
+    const server = await new Promise<ReturnType<typeof app.listen>>((resolve) => {
+      const s = app.listen(0, "127.0.0.1", () => resolve(s));
+    });
+    try {
+      const pay = wrapFetchWithPayment(fetch, x402Client.fromConfig({ schemes: [{ network: rig.network as `${string}:${string}`, client: new ExactClient(privateKeyToAccount(rig.payerKey)) }] }));
+      await rig.test.setAutomine(false);
+      const paid = pay(`http://127.0.0.1:${(server.address() as AddressInfo).port}/report`);
+      // Its settlement is sent and waits in the pool past every /settle the reference makes; then it is mined.
+      await settleFailed;
+      expect((await rig.test.getTxpoolStatus()).pending).toBe(1);
+      expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(0n);
+      await rig.test.mine({ blocks: 1 });
+      const res = await paid;
+      expect(res.status).toBe(200);
+      expect(await res.json()).toEqual({ report: "sunny" });
+      const answer = decodePaymentResponseHeader(res.headers.get("payment-response")!);
+      expect(answer).toMatchObject({ success: true });
+      const receipt = await publicClient(rig.anvil.rpcUrl).getTransactionReceipt({ hash: answer.transaction as Hex });
+      expect(receipt.status).toBe("success");
+      expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(10_000n);
+    } finally {
+      server.close();
+      server.closeAllConnections();
+    }
   });
 });

@@ -18,46 +18,13 @@
 import type { PaymentPayload, PaymentRequirements } from "@x402/core/types";
 import type { ChainClient } from "../chain.ts";
 import { RequestError } from "../../x402/errors.ts";
+import type { ProtocolStatus, SettlementState, SettlementStatus } from "../../x402/settlement-status.ts";
 import { identifierScope, nonceForms, paymentDigest, paymentIdentity } from "./payment-id.ts";
 import { isDecisive, type OutboxRow, type PaymentRecord, type SettlementStore } from "./store.ts";
 
-export type SettlementState = "pending" | "submitted" | "confirmed" | "reorged" | "failed";
-/** The protocol's status vocabulary (x402 PR #3325) as far as an EVM facilitator meets it. */
-export type ProtocolStatus = "pending" | "settled" | "failed" | "blocked" | "expired" | "deferred_until";
+export type { ProtocolStatus, SettlementState, SettlementStatus } from "../../x402/settlement-status.ts";
 
 const TERMINAL: ReadonlySet<ProtocolStatus> = new Set(["settled", "failed", "expired"]);
-
-export interface SettlementStatus {
-  status: ProtocolStatus;
-  /** Whether the status can still change (false: settled, failed for good, expired). */
-  terminal: boolean;
-  state: SettlementState;
-  network: string;
-  /** The facilitator's id of the payment (stable: a webhook event names it too). */
-  paymentId: string;
-  scheme: string;
-  payer?: string;
-  payTo?: string;
-  asset?: string;
-  /** What was settled (upto: the settled amount), or what the payment asks while it is not settled. */
-  amount?: string;
-  /** The transaction that decides the payment: the mined one once there is one, else the latest sent. */
-  transaction?: string;
-  blockNumber?: string;
-  blockHash?: string;
-  /** How deep its block is now (1: the head); absent while it is not mined, or when the chain cannot be read. */
-  confirmations?: number;
-  /** The network's finality target: a settlement is answered success, and final, at this depth. */
-  finality: { confirmations: number };
-  /** A reorg once took its transaction off the chain (what it had been answered then). */
-  reorgedFrom?: "succeeded" | "failed";
-  errorReason?: string;
-  errorMessage?: string;
-  /** ISO 8601, UTC. */
-  createdAt: string;
-  updatedAt: string;
-  submittedAt?: string;
-}
 
 export interface StatusOptions {
   store: SettlementStore;
