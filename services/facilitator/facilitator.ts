@@ -290,7 +290,7 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
 
     async settle(body, caller = {}, gas) {
       const { payload, requirements } = prepare(body);
-      const job = { ...settleJobOf(payload, requirements), tenant: caller.tenant };
+      const job = { ...settleJobOf(payload, requirements), tenant: caller.tenant, webhook: caller.tenantWebhook };
       if (opts.receiverAuthorizer && requirements.scheme === "batch-settlement") {
         authenticateReceivers(receiversNeedingAuthorizer(payload.payload, opts.receiverAuthorizer.address), caller.authorization, opts.receiverCredentials);
       }

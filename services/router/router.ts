@@ -154,6 +154,8 @@ export function createRouter(opts: RouterOptions): Router {
       if (opts.routerToken) headers[FLEET_HEADERS.routerToken] = opts.routerToken.current();
       // Whose settlement it is: only that key reads its status.
       if (key) headers[FLEET_HEADERS.tenant] = key.id;
+      // Where that key's settlement events go: the facilitator keeps it with the payment (settlement/webhooks.ts).
+      if (action === "settle" && key?.webhookUrl) headers[FLEET_HEADERS.tenantWebhook] = key.webhookUrl;
       // A facilitator that knows us refuses a settle without an allowance: without keys, or for a
       // key with no budget on this network, it is "unlimited" (metering only).
       if (action === "settle" && (gas || opts.routerToken)) headers[FLEET_HEADERS.gasAllowance] = gas?.day ? gas.wei.toString() : "unlimited";

@@ -1,4 +1,5 @@
 // Starts the router: the routing table file, the /v2 contract surface, the forwarding pools.
+import { readFileSync } from "node:fs";
 import { createContractApp, type InFlightCaps } from "../platform/http.ts";
 import { databaseLabel, serve, serviceDatabase, startService, type DatabaseOptions, type RunningService } from "../platform/lifecycle.ts";
 import { createLogger, type Logger } from "../platform/logger.ts";
@@ -43,6 +44,11 @@ export interface RouterConfig extends DatabaseOptions {
   maxInFlight?: InFlightCaps;
   /** Our credential at the facilitators: a file whose first line is the token (platform/router-token.ts), re-read on change. */
   routerTokenFile?: string;
+  /**
+   * Settlement webhooks of keys: the fleet's webhook secret (the facilitators' X402_WEBHOOK_SECRET_FILE,
+   * from which the admin API derives each key's webhook key), and whether keys' URLs may be http or private.
+   */
+  webhooks?: { secretFile?: string; allowPrivateNetworks?: boolean };
 }
 
 export type RunningRouter = RunningService;
@@ -52,6 +58,7 @@ export async function startRouterService(config: RouterConfig, logger: Logger = 
   const migrations = [...(config.apiKeys ? API_KEY_MIGRATIONS : []), ...(config.discovery ? DISCOVERY_MIGRATIONS : [])];
   if (config.adminTokenFile && !config.apiKeys) throw new Error("router: an admin token (X402_ROUTER_ADMIN_TOKEN_FILE) manages API keys: it needs X402_ROUTER_API_KEYS=required");
   const adminToken = config.adminTokenFile ? readAdminTokenFile(config.adminTokenFile, "router") : undefined;
+  const webhooks = { secret: config.webhooks?.secretFile ? readWebhookSecret(config.webhooks.secretFile) : undefined, allowPrivateNetworks: config.webhooks?.allowPrivateNetworks ?? false };
   return startService(async (life) => {
     const keysDb = migrations.length ? await serviceDatabase(life, config, migrations, { logger }) : undefined;
     const apiKeys = keysDb && config.apiKeys ? createApiKeyStore(keysDb) : undefined;
@@ -84,9 +91,21 @@ export async function startRouterService(config: RouterConfig, logger: Logger = 
       registry: metrics.registry,
       logger,
       checks: [{ name: "routing_table_loaded", check: async () => source.current() !== undefined }],
-      routes: apiKeys && adminToken ? (scope) => registerKeyAdmin(scope, { keys: apiKeys, token: adminToken }) : undefined,
+      routes: apiKeys && adminToken ? (scope) => registerKeyAdmin(scope, { keys: apiKeys, token: adminToken, webhooks }) : undefined,
     });
     logger.info({ url: `${url}/v2`, admin: adminUrl, table: config.routingTablePath, apiKeys: apiKeys ? "required" : "off", discovery: discovery ? "on" : "off", ...(keysDb ? databaseLabel(config) : {}) }, "router listening");
     return { url: `${url}/v2`, adminUrl };
   });
+}
+
+/** The fleet's webhook secret, as the facilitators read it (never echoed). */
+function readWebhookSecret(path: string): string {
+  let secret: string;
+  try {
+    secret = readFileSync(path, "utf8").trim();
+  } catch (e) {
+    throw new Error(`router: webhook secret file ${path} cannot be read (${(e as NodeJS.ErrnoException).code ?? "error"})`);
+  }
+  if (secret.length < 32) throw new Error(`router: the webhook secret file ${path} holds fewer than 32 characters`);
+  return secret;
 }

@@ -8,6 +8,7 @@ import { bearerOf, type AdminToken } from "../platform/admin-token.ts";
 import { CodedError } from "../platform/errors.ts";
 import { CAIP2_PATTERN } from "../x402/networks.ts";
 import { SCHEMES } from "../x402/wire.ts";
+import { tenantWebhookKey, webhookOrigin, webhookUrlProblem } from "../x402/webhooks.ts";
 import type { ApiKeyStore, KeyLimits } from "./api-keys.ts";
 
 const network = z.string().regex(CAIP2_PATTERN, "a CAIP-2 network (eip155:<chain id>)");
@@ -17,6 +18,7 @@ const limitsSchema = z
     requestsPerMinute: limit,
     settlementsPerDay: limit,
     gasBudgets: z.record(network, z.string().regex(/^[0-9]{1,78}$/, "wei as a decimal string")),
+    webhookUrl: z.string().nullable(),
   })
   .partial()
   .strict();
@@ -35,8 +37,22 @@ function parse<T>(schema: z.ZodType<T>, value: unknown, what: string): T {
   throw new CodedError("invalid_request", `${what}${issue.path.length ? `.${issue.path.join(".")}` : ""}: ${issue.message}`, 400);
 }
 
-export function registerKeyAdmin(app: FastifyInstance, opts: { keys: ApiKeyStore; token: AdminToken }) {
+/** Settlement webhooks at the router: the fleet's webhook secret (a tenant's key derives from it) and the URL rules. */
+export interface KeyAdminWebhooks {
+  secret?: string;
+  allowPrivateNetworks: boolean;
+}
+
+export function registerKeyAdmin(app: FastifyInstance, opts: { keys: ApiKeyStore; token: AdminToken; webhooks?: KeyAdminWebhooks }) {
   const { keys } = opts;
+  const allowPrivateNetworks = opts.webhooks?.allowPrivateNetworks ?? false;
+  /** A key's webhook URL passes the facilitators' rules (never echoed: it may carry a token). */
+  const checkWebhook = (url: string | null | undefined) => {
+    const problem = url ? webhookUrlProblem(url, { allowPrivateNetworks }) : undefined;
+    if (problem) throw new CodedError("invalid_request", `body.webhookUrl: ${problem}`, 400);
+  };
+  /** What an audit line may say of a webhook URL: its origin. */
+  const audited = <T extends { webhookUrl?: string | null }>(v: T) => (v.webhookUrl ? { ...v, webhookUrl: webhookOrigin(v.webhookUrl) } : v);
   app.setErrorHandler((error, _request, reply) => {
     if (error instanceof CodedError) return reply.code(error.status).send(error.body());
     const e = error as { statusCode?: number; message?: string; name?: string };
@@ -61,6 +77,7 @@ export function registerKeyAdmin(app: FastifyInstance, opts: { keys: ApiKeyStore
   route("GET", "/admin/v1/api-keys", async () => ({ apiKeys: await keys.list() }));
   route("POST", "/admin/v1/api-keys", async (request, reply) => {
     const body = parse(createSchema, request.body, "body");
+    checkWebhook(body.webhookUrl);
     const { key, info } = await keys.create(body.name, body);
     request.log.info({ apiKey: info.id, name: info.name }, "API key created"); // an audit line; never the key
     return reply.code(201).send({ key, apiKey: info });
@@ -68,8 +85,9 @@ export function registerKeyAdmin(app: FastifyInstance, opts: { keys: ApiKeyStore
   route("PATCH", "/admin/v1/api-keys/:id", async (request) => {
     const id = idOf(request);
     const limits: Partial<KeyLimits> = parse(limitsSchema, request.body, "body");
+    checkWebhook(limits.webhookUrl);
     const updated = found(await keys.setLimits(id, limits), id);
-    request.log.info({ apiKey: id, limits }, "API key limits changed");
+    request.log.info({ apiKey: id, limits: audited(limits) }, "API key limits changed");
     return { apiKey: updated };
   });
   route("POST", "/admin/v1/api-keys/:id/rotate", async (request) => {
@@ -83,6 +101,14 @@ export function registerKeyAdmin(app: FastifyInstance, opts: { keys: ApiKeyStore
     const revoked = found(await keys.revoke(id), id);
     request.log.info({ apiKey: id }, "API key revoked");
     return { apiKey: revoked };
+  });
+  // The key a tenant verifies its webhooks with (x402/webhooks.ts), derived from the fleet's webhook secret.
+  route("GET", "/admin/v1/api-keys/:id/webhook-key", async (request) => {
+    const id = idOf(request);
+    found((await keys.list()).find((k) => k.id === id), id);
+    if (!opts.webhooks?.secret) throw new CodedError("not_found", "this router has no webhook secret (X402_ROUTER_WEBHOOK_SECRET_FILE): it cannot show webhook keys", 404);
+    request.log.info({ apiKey: id }, "API key webhook key shown");
+    return { apiKey: id, webhookKey: tenantWebhookKey(opts.webhooks.secret, id) };
   });
   route("GET", "/admin/v1/usage", async (request) => ({ usage: await keys.usage(parse(usageQuery, request.query, "query")) }));
 }

@@ -7,10 +7,11 @@ import { defineCommand, httpUrl, list, stringFlags, type Command, type FlagSpec 
 import { openDatabase } from "../platform/storage.ts";
 import { CAIP2_PATTERN } from "../x402/networks.ts";
 import { SCHEMES } from "../x402/wire.ts";
+import { webhookOrigin, webhookUrlProblem } from "../x402/webhooks.ts";
 import { API_KEY_MIGRATIONS, createApiKeyStore, type ApiKeyInfo, type ApiKeyStore, type KeyLimits } from "./api-keys.ts";
 
 /** The flags of every api-key-* command, each taking its own (their help says which). */
-export type ApiKeyFlags = Partial<Record<"name" | "networks" | "schemes" | "id" | "requests-per-minute" | "settlements-per-day" | "gas-budget" | "since" | "admin-url" | "admin-token-file", string>>;
+export type ApiKeyFlags = Partial<Record<"name" | "networks" | "schemes" | "id" | "requests-per-minute" | "settlements-per-day" | "gas-budget" | "webhook-url" | "since" | "admin-url" | "admin-token-file", string>>;
 
 /** What the commands do to the keys: the store itself, or a router's admin API standing in for it. */
 type KeyAdmin = Pick<ApiKeyStore, "create" | "setLimits" | "usage" | "list" | "rotate" | "revoke"> & { close(): Promise<void> };
@@ -92,8 +93,15 @@ function gasBudgets(value: string, current: Record<string, string>): Record<stri
   return out;
 }
 
-function limitsOf(flags: ApiKeyFlags, current: Record<string, string> = {}): Partial<KeyLimits> {
+function limitsOf(flags: ApiKeyFlags, current: Record<string, string> = {}, env: NodeJS.ProcessEnv = {}): Partial<KeyLimits> {
   const out: Partial<KeyLimits> = {};
+  const webhook = flags["webhook-url"];
+  if (webhook !== undefined) {
+    // The facilitators' rules (x402/webhooks.ts); never echoed: the URL may carry a token.
+    const problem = webhook === "none" ? undefined : webhookUrlProblem(webhook, { allowPrivateNetworks: env.X402_ROUTER_WEBHOOK_ALLOW_PRIVATE_NETWORKS === "true" });
+    if (problem) throw new Error(`api-key: --webhook-url: ${problem}`);
+    out.webhookUrl = webhook === "none" ? null : webhook;
+  }
   if (flags["gas-budget"] !== undefined) out.gasBudgets = gasBudgets(flags["gas-budget"], current);
   const rpm = limit("--requests-per-minute", flags["requests-per-minute"]);
   const spd = limit("--settlements-per-day", flags["settlements-per-day"]);
@@ -110,7 +118,7 @@ function validList(value: string | undefined, what: string, valid: (s: string) =
 }
 
 const describe = (k: ApiKeyInfo) =>
-  `${k.id}  ${k.name}  networks=${k.networks.join(",") || "*"}  schemes=${k.schemes.join(",") || "*"}  requests/min=${k.requestsPerMinute ?? "*"}  settlements/day=${k.settlementsPerDay ?? "*"}${Object.keys(k.gasBudgets).length ? `  gas/day=${Object.entries(k.gasBudgets).sort(([x], [y]) => x.localeCompare(y)).map(([n, w]) => `${n}=${w}`).join(",")}` : ""}  created=${k.createdAt}${k.rotatedAt ? `  rotated=${k.rotatedAt}` : ""}${k.revokedAt ? `  REVOKED=${k.revokedAt}` : ""}`;
+  `${k.id}  ${k.name}  networks=${k.networks.join(",") || "*"}  schemes=${k.schemes.join(",") || "*"}  requests/min=${k.requestsPerMinute ?? "*"}  settlements/day=${k.settlementsPerDay ?? "*"}${k.webhookUrl ? `  webhook=${webhookOrigin(k.webhookUrl)}` : ""}${Object.keys(k.gasBudgets).length ? `  gas/day=${Object.entries(k.gasBudgets).sort(([x], [y]) => x.localeCompare(y)).map(([n, w]) => `${n}=${w}`).join(",")}` : ""}  created=${k.createdAt}${k.rotatedAt ? `  rotated=${k.rotatedAt}` : ""}${k.revokedAt ? `  REVOKED=${k.revokedAt}` : ""}`;
 
 export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env: NodeJS.ProcessEnv): Promise<string> {
   const needId = () => {
@@ -119,7 +127,7 @@ export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env:
   };
   // Values first: a typo is refused before the database is opened.
   if (flags.id !== undefined || ["api-key-limits", "api-key-rotate", "api-key-revoke"].includes(command)) needId();
-  limitsOf(flags);
+  limitsOf(flags, {}, env);
   if (flags.since !== undefined && !/^\d{4}-\d{2}-\d{2}$/.test(flags.since)) throw new Error("api-key-usage: --since is a UTC day, YYYY-MM-DD");
   const networks = validList(flags.networks, "network (eip155:<chain id>)", (s) => CAIP2_PATTERN.test(s));
   const schemes = validList(flags.schemes, `scheme (${SCHEMES.join(", ")})`, (s) => (SCHEMES as readonly string[]).includes(s));
@@ -128,13 +136,13 @@ export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env:
     switch (command) {
       case "api-key-create": {
         if (!flags.name?.trim()) throw new Error("api-key-create: --name is required (who the key is for)");
-        const { key, info } = await store.create(flags.name.trim(), { networks, schemes, ...limitsOf(flags) });
+        const { key, info } = await store.create(flags.name.trim(), { networks, schemes, ...limitsOf(flags, {}, env) });
         return `${describe(info)}\nkey (shown once, store it now): ${key}\n`;
       }
       case "api-key-limits": {
         const id = needId();
-        const limits = limitsOf(flags, (await store.list()).find((k) => k.id === id)?.gasBudgets);
-        if (!Object.keys(limits).length) throw new Error("api-key-limits: give --requests-per-minute, --settlements-per-day (a number, or none) and/or --gas-budget NETWORK=WEI|none");
+        const limits = limitsOf(flags, (await store.list()).find((k) => k.id === id)?.gasBudgets, env);
+        if (!Object.keys(limits).length) throw new Error("api-key-limits: give --requests-per-minute, --settlements-per-day (a number, or none), --gas-budget NETWORK=WEI|none and/or --webhook-url URL|none");
         const updated = await store.setLimits(id, limits);
         if (!updated) throw new Error(`api-key-limits: no key ${flags.id}`);
         return `${describe(updated)}\n`;
@@ -163,7 +171,7 @@ export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env:
 }
 
 const ID = stringFlags("id");
-const LIMITS = stringFlags("requests-per-minute", "settlements-per-day", "gas-budget");
+const LIMITS = stringFlags("requests-per-minute", "settlements-per-day", "gas-budget", "webhook-url");
 const ADMIN = stringFlags("admin-url", "admin-token-file");
 const ENV = `  [--admin-url http://127.0.0.1:9420 --admin-token-file FILE]   (env X402_ROUTER_ADMIN_URL,
       X402_ROUTER_ADMIN_TOKEN_FILE) through a router's key admin API instead of the database
@@ -189,6 +197,7 @@ export const apiKeyClis: Command[] = [
     `  --name NAME [--networks eip155:8453,eip155:56] [--schemes exact,upto]
   [--requests-per-minute N] [--settlements-per-day N]   (enforced across router replicas)
   [--gas-budget eip155:8453=WEI,eip155:56=WEI]   (gas per network per UTC day, checked before signing)
+  [--webhook-url https://…]   (where the facilitators POST its settlement events, signed with its webhook key)
 `,
     { ...stringFlags("name", "networks", "schemes"), ...LIMITS },
   ),
@@ -197,6 +206,7 @@ export const apiKeyClis: Command[] = [
     "change a key's limits",
     `  --id ID [--requests-per-minute N|none] [--settlements-per-day N|none]
   [--gas-budget NETWORK=WEI|none,...]   (the networks named change, the others stay)
+  [--webhook-url URL|none]
 `,
     { ...ID, ...LIMITS },
   ),

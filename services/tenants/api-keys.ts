@@ -64,6 +64,12 @@ export const API_KEY_MIGRATIONS: Migration[] = [
       );
       ALTER TABLE tenant_usage ADD COLUMN IF NOT EXISTS gas_wei numeric(78, 0) NOT NULL DEFAULT 0`,
   },
+  {
+    // Where the settlement events of a key's payments go (the facilitators POST them, signed with
+    // the key's webhook key: x402/webhooks.ts); the router sends it with each settle.
+    id: "tenants/005_webhooks",
+    sql: `ALTER TABLE tenant_api_keys ADD COLUMN IF NOT EXISTS webhook_url text`,
+  },
 ];
 
 export const API_KEY_PREFIX = "x402k_";
@@ -83,6 +89,8 @@ export interface KeyLimits {
   settlementsPerDay: number | null;
   /** Wei of gas per network and UTC day the facilitators may spend settling for the key (decimal strings); a network absent: no limit. */
   gasBudgets: Record<string, string>;
+  /** Where the settlement events of the key's payments are POSTed (https); null: none. Not a limit, but set like one. */
+  webhookUrl: string | null;
 }
 
 /** A key as listed: never its secret. */
@@ -173,6 +181,7 @@ type Row = {
   requests_per_minute: number | null;
   settlements_per_day: number | null;
   gas_budgets: Record<string, string>;
+  webhook_url: string | null;
   created_at: Date | string;
   rotated_at: Date | string | null;
   revoked_at: Date | string | null;
@@ -187,6 +196,7 @@ const info = (r: Row): ApiKeyInfo => ({
   requestsPerMinute: r.requests_per_minute,
   settlementsPerDay: r.settlements_per_day,
   gasBudgets: r.gas_budgets ?? {},
+  webhookUrl: r.webhook_url ?? null,
   createdAt: iso(r.created_at)!,
   rotatedAt: iso(r.rotated_at),
   revokedAt: iso(r.revoked_at),
@@ -218,8 +228,8 @@ export function createApiKeyStore(db: Database, opts: { cacheMs?: number; clock?
       const id = randomBytes(8).toString("hex");
       const secret = newSecret();
       const [r] = await db.query<Row>(
-        "INSERT INTO tenant_api_keys (id, name, secret_sha256, networks, schemes, requests_per_minute, settlements_per_day, gas_budgets) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING *",
-        [id, name, sha256(secret), scope.networks ?? [], scope.schemes ?? [], scope.requestsPerMinute ?? null, scope.settlementsPerDay ?? null, JSON.stringify(scope.gasBudgets ?? {})],
+        "INSERT INTO tenant_api_keys (id, name, secret_sha256, networks, schemes, requests_per_minute, settlements_per_day, gas_budgets, webhook_url) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING *",
+        [id, name, sha256(secret), scope.networks ?? [], scope.schemes ?? [], scope.requestsPerMinute ?? null, scope.settlementsPerDay ?? null, JSON.stringify(scope.gasBudgets ?? {}), scope.webhookUrl ?? null],
       );
       return { key: `${API_KEY_PREFIX}${id}_${secret}`, info: info(r!) };
     },
@@ -228,9 +238,10 @@ export function createApiKeyStore(db: Database, opts: { cacheMs?: number; clock?
         `UPDATE tenant_api_keys SET
            requests_per_minute = CASE WHEN $2 THEN $3::integer ELSE requests_per_minute END,
            settlements_per_day = CASE WHEN $4 THEN $5::integer ELSE settlements_per_day END,
-           gas_budgets = CASE WHEN $6 THEN $7::jsonb ELSE gas_budgets END
+           gas_budgets = CASE WHEN $6 THEN $7::jsonb ELSE gas_budgets END,
+           webhook_url = CASE WHEN $8 THEN $9::text ELSE webhook_url END
          WHERE id = $1 RETURNING *`,
-        [id, "requestsPerMinute" in limits, limits.requestsPerMinute ?? null, "settlementsPerDay" in limits, limits.settlementsPerDay ?? null, "gasBudgets" in limits, JSON.stringify(limits.gasBudgets ?? {})],
+        [id, "requestsPerMinute" in limits, limits.requestsPerMinute ?? null, "settlementsPerDay" in limits, limits.settlementsPerDay ?? null, "gasBudgets" in limits, JSON.stringify(limits.gasBudgets ?? {}), "webhookUrl" in limits, limits.webhookUrl ?? null],
       );
       cache.delete(id);
       return r ? info(r) : undefined;
