@@ -16,6 +16,9 @@ import { ENGINES, startRig, type Rig } from "./helpers/settlement-rig.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { metricSum, nonceOf, publicClient, transferToken } from "./helpers/onchain.ts";
 import { postJson } from "./helpers/payments.ts";
+import { startRouterService } from "../services/router/service.ts";
+import type { RoutingTable } from "../services/router/routing-table.ts";
+import { pino } from "pino";
 import { until } from "./helpers/cluster.ts";
 
 const DOWN_MS = 30_000;
@@ -221,4 +224,73 @@ describe.each(ENGINES)("settlement webhooks on the %s engine", (engine) => {
     expect(verifyWebhook({ body: sent.body.replace('"1000"', '"1"'), headers: sent.headers, secret, now: at })).toEqual({ ok: false, reason: "bad_signature" });
     expect(verifyWebhook({ body: sent.body, headers: sent.headers, secret, now: at + 301_000 })).toEqual({ ok: false, reason: "stale_timestamp" });
   }, 180_000);
+
+  it("a tenant's events go to its API key's webhook URL, signed with the key's webhook key from the router's admin API; a key without one gets none", async () => {
+    const dir = rig.dir;
+    const routerToken = randomBytes(32).toString("hex");
+    const adminToken = randomBytes(24).toString("hex");
+    await writeFile(join(dir, "router.token"), routerToken + "\n");
+    await writeFile(join(dir, "admin.token"), adminToken + "\n");
+    const f = await rig.facilitator({
+      routerTokenFile: join(dir, "router.token"),
+      webhookSecretFile: join(dir, "webhook.secret"), // no webhookUrl: tenants' receivers only
+      webhookAllowPrivateNetworks: true,
+      webhookRetryBaseMs: 100,
+      webhookRetryMaxMs: 500,
+      webhookPollMs: 100,
+    });
+    const table: RoutingTable = { backends: [{ network: rig.network, url: f.url, kinds: f.facilitator.supported().kinds, signers: f.signers, extensions: [] }] };
+    await writeFile(join(dir, "routing.json"), JSON.stringify(table));
+    const router = await startRouterService(
+      {
+        routingTablePath: join(dir, "routing.json"),
+        host: "127.0.0.1",
+        port: 0,
+        adminPort: 0,
+        dataDir: join(dir, `router-${engine}`),
+        apiKeys: true,
+        adminTokenFile: join(dir, "admin.token"),
+        routerTokenFile: join(dir, "router.token"),
+        webhooks: { secretFile: join(dir, "webhook.secret"), allowPrivateNetworks: true },
+      },
+      pino({ level: "silent" }),
+    );
+    try {
+      const admin = (path: string, body?: unknown) => postJson(`${router.adminUrl}${path}`, body, { method: body === undefined ? "GET" : "POST", headers: { authorization: `Bearer ${adminToken}` } });
+      const port = await freePort();
+      // The facilitators' URL rules at the admin API: credentials before the host, or no http(s), are refused.
+      expect((await admin("/admin/v1/api-keys", { name: "bad", webhookUrl: `http://user:pw@127.0.0.1:${port}/` })).status).toBe(400);
+      expect((await admin("/admin/v1/api-keys", { name: "bad", webhookUrl: "ftp://127.0.0.1/" })).status).toBe(400);
+      const withHook = (await admin("/admin/v1/api-keys", { name: "hooked", webhookUrl: `http://127.0.0.1:${port}/events?token=t0ken` })).json as { key: string; apiKey: { id: string } };
+      const without = (await admin("/admin/v1/api-keys", { name: "quiet" })).json as { key: string; apiKey: { id: string } };
+      const shown = (await admin(`/admin/v1/api-keys/${withHook.apiKey.id}/webhook-key`)).json as { webhookKey: string };
+      expect(shown.webhookKey).toBe(tenantWebhookKey(secret, withHook.apiKey.id));
+      hook = receiver(port, shown.webhookKey);
+      await hook.up();
+      hook.answer();
+
+      // The quiet key's payment first: had it any tenant delivery, it would be sent before the other's.
+      const quiet = (await postJson(`${router.url}/settle`, await rig.payment(100n), { headers: { authorization: `Bearer ${without.key}` } })).json;
+      expect(quiet).toMatchObject({ success: true });
+      const hooked = (await postJson(`${router.url}/settle`, await rig.payment(200n), { headers: { authorization: `Bearer ${withHook.key}` } })).json;
+      expect(hooked).toMatchObject({ success: true });
+
+      await until(() => hook.accepted.length >= 2, "the tenant's events");
+      expect(hook.accepted.map((x) => [x.event.sequence, x.event.type, x.event.tenant, x.event.transaction])).toEqual([
+        [1, "submitted", withHook.apiKey.id, hooked.transaction],
+        [2, "confirmed", withHook.apiKey.id, hooked.transaction],
+      ]);
+      // Signed with the tenant's key, not the fleet's secret.
+      const { body, headers } = hook.accepted[1]!;
+      expect(verifyWebhook({ body, headers, secret, now: Number(headers["x402-webhook-timestamp"]) * 1000 })).toEqual({ ok: false, reason: "bad_signature" });
+      // Every tenant delivery this facilitator made: the two above (the quiet key's, due first, would be counted by now).
+      const tenantDeliveries = () => metricSum(f.adminUrl, "x402_webhook_deliveries_total", { target: "tenant" });
+      await until(async () => (await tenantDeliveries()) >= 2, "the deliveries counted");
+      expect(await tenantDeliveries()).toBe(2);
+      const receipt = await publicClient(rig.anvil.rpcUrl).getTransactionReceipt({ hash: hooked.transaction as Hex });
+      expect(receipt.status).toBe("success");
+    } finally {
+      await router.close();
+    }
+  }, 120_000);
 });
