@@ -3,15 +3,19 @@
 # scripts/build-control-plane.sh (same pinned Kubernetes, same Go module and build caches):
 #   - kubelet and kube-proxy from the pinned module (scripts/node/go.{mod,sum}: the control plane's
 #     pins plus the node-only packages; only those files are committed, never binaries);
+#   - CoreDNS (cluster DNS) from its Go module: scripts/node/coredns, upstream's main with only the
+#     plugins a cluster Corefile uses (no cloud SDKs), its Kubernetes client raised to the node's pins;
 #   - the pause image: pause.c from the same module's source (build/pause/linux), compiled static
 #     as the upstream Makefile does, made into an OCI archive by hand (no registry, no builder):
 #     localhost/x402-fleet-pause:<upstream tag>;
-#   - containerd, runc and the CNI plugins from Debian's packages when missing (needs root).
-# test/helpers/node.ts starts containerd and a kubelet from these and registers a real node.
+#   - containerd, runc, the CNI plugins and nft (kube-proxy's nftables mode) from Debian's packages
+#     when missing (needs root).
+# test/helpers/node.ts starts containerd and a kubelet from these and registers a real node; with
+# services, kube-proxy and CoreDNS too.
 #
 # Output: a version-keyed directory outside the clone, printed on stdout as the last line:
 #   ${X402_FLEET_CACHE:-~/.cache/x402-fleet}/node-<kubernetes version>-<hash of the pins>/
-# holding kubelet, kube-proxy, pause.oci.tar, VERSIONS. A second run is a stat. It takes the
+# holding kubelet, kube-proxy, coredns, pause.oci.tar, VERSIONS. A second run is a stat. It takes the
 # control plane's build lock: on a cold machine the two builds share the caches, never the cores.
 #
 # Usage: scripts/build-node.sh [--print-dir]   (--print-dir: no build, just the path)
@@ -27,12 +31,12 @@ cp_version="$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3; exit
 [[ "$k8s_version" == "$cp_version" ]] || { echo "node pins Kubernetes $k8s_version, the control plane $cp_version: keep them equal" >&2; exit 1; }
 
 recipe=1
-pins_hash="$( (echo "recipe=$recipe"; cat "$wrapper/go.mod" "$wrapper/go.sum"; sed -n '/^# ---- build/,$p' "$0") | sha256sum | cut -c1-12)"
+pins_hash="$( (echo "recipe=$recipe"; cat "$wrapper/go.mod" "$wrapper/go.sum" "$wrapper/coredns/go.mod" "$wrapper/coredns/go.sum" "$wrapper/coredns/main.go"; sed -n '/^# ---- build/,$p' "$0") | sha256sum | cut -c1-12)"
 cache_root="${X402_FLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/x402-fleet}"
 out="$cache_root/node-$k8s_version-$pins_hash"
 
 if [[ "${1:-}" == "--print-dir" ]]; then echo "$out"; exit 0; fi
-host_tools_present() { command -v containerd >/dev/null && command -v ctr >/dev/null && command -v runc >/dev/null && [[ -x /usr/lib/cni/bridge ]]; }
+host_tools_present() { command -v containerd >/dev/null && command -v ctr >/dev/null && command -v runc >/dev/null && [[ -x /usr/lib/cni/bridge ]] && command -v nft >/dev/null; }
 complete() { [[ -f "$out/.complete" ]] && host_tools_present; }
 if complete; then echo "$out"; exit 0; fi
 
@@ -44,11 +48,11 @@ if complete; then echo "$out"; exit 0; fi
 # ---- build --------------------------------------------------------------------------------------
 start=$(date +%s)
 if ! host_tools_present; then
-  [[ $EUID -eq 0 ]] || { echo "node: containerd, runc and the CNI plugins are missing, and installing them needs root" >&2; exit 1; }
-  echo "node: installing containerd, runc and containernetworking-plugins from Debian's packages" >&2
+  [[ $EUID -eq 0 ]] || { echo "node: containerd, runc, the CNI plugins or nft are missing, and installing them needs root" >&2; exit 1; }
+  echo "node: installing containerd, runc, containernetworking-plugins and nftables from Debian's packages" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >&2
-  apt-get install -y -qq --no-install-recommends containerd runc containernetworking-plugins >"$cache_root/.apt-node.log" 2>&1 \
+  apt-get install -y -qq --no-install-recommends containerd runc containernetworking-plugins nftables >"$cache_root/.apt-node.log" 2>&1 \
     || { tail -20 "$cache_root/.apt-node.log" >&2; exit 1; }
 fi
 if [[ -f "$out/.complete" ]]; then echo "$out"; exit 0; fi
@@ -73,6 +77,10 @@ for cmd in kubelet kube-proxy; do
   echo "node: building $cmd (k8s.io/kubernetes/cmd/$cmd $k8s_version)" >&2
   (cd "$wrapper" && nice -n 19 "$go" build -p 2 -ldflags "$k8s_ldflags" -o "$tmp/$cmd" "k8s.io/kubernetes/cmd/$cmd")
 done
+
+coredns_version="$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" { print $3; exit }' "$wrapper/coredns/go.mod")"
+echo "node: building coredns (github.com/coredns/coredns $coredns_version)" >&2
+(cd "$wrapper/coredns" && nice -n 19 "$go" build -p 2 -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$coredns_version" -o "$tmp/coredns" .)
 
 # The pause program, as build/pause/Makefile builds it, from the module's own source.
 src="$(cd "$wrapper" && "$go" mod download -json "k8s.io/kubernetes@$k8s_version" | awk -F'"' '$2 == "Dir" { print $4 }')"
@@ -107,9 +115,9 @@ echo '{"imageLayoutVersion":"1.0.0"}' > "$oci/oci-layout"
 tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$oci" -cf "$tmp/pause.oci.tar" oci-layout index.json blobs
 rm -rf "$oci" "$tmp/pause-root"
 
-for f in kubelet kube-proxy pause.oci.tar; do [[ -s "$tmp/$f" ]] || { echo "missing $f" >&2; exit 1; }; done
-printf 'kubernetes=%s\npause_image=%s\ncontainerd=%s\nrunc=%s\nbuild_seconds=%s\n' \
-  "$k8s_version" "$pause_image" "$(containerd --version | awk '{print $3}')" "$(runc --version | awk 'NR == 1 {print $3}')" \
+for f in kubelet kube-proxy coredns pause.oci.tar; do [[ -s "$tmp/$f" ]] || { echo "missing $f" >&2; exit 1; }; done
+printf 'kubernetes=%s\ncoredns=%s\npause_image=%s\ncontainerd=%s\nrunc=%s\nbuild_seconds=%s\n' \
+  "$k8s_version" "$coredns_version" "$pause_image" "$(containerd --version | awk '{print $3}')" "$(runc --version | awk 'NR == 1 {print $3}')" \
   "$(( $(date +%s) - start ))" > "$tmp/VERSIONS"
 touch "$tmp/.complete"
 rm -rf "$out"

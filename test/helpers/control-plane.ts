@@ -34,6 +34,11 @@ export interface ControlPlaneOptions {
   crds?: string[];
   /** kube-apiserver's audit log (Metadata level, every request): auditEvents() reads it. */
   audit?: boolean;
+  /**
+   * The address kube-apiserver binds and advertises (default 127.0.0.1). A real node's pods reach
+   * it through the `kubernetes` Service, whose endpoint is this address: give this host's (the node IP).
+   */
+  address?: string | (() => string);
 }
 
 /** One audit.k8s.io/v1 Event, the fields the tests read: the server's own view of a request. */
@@ -46,7 +51,7 @@ export interface AuditEvent {
 }
 
 export interface ControlPlane {
-  /** https://127.0.0.1:<port> of kube-apiserver. */
+  /** https://<address>:<port> of kube-apiserver (127.0.0.1 unless `address` says otherwise). */
   url: string;
   /** The etcd client URL (its gRPC gateway answers /v3/* JSON). */
   etcdUrl: string;
@@ -123,12 +128,12 @@ function openssl(dir: string, args: string[]) {
   if (r.status !== 0) throw new Error(`openssl ${args[0]} failed: ${r.stderr}`);
 }
 
-/** A CA, a serving certificate for 127.0.0.1 signed by it, and the ServiceAccount signing key (all P-256: fast). */
-function makeCertificates(dir: string) {
+/** A CA, a serving certificate for the address (and 127.0.0.1) signed by it, and the ServiceAccount signing key (all P-256: fast). */
+function makeCertificates(dir: string, address: string) {
   const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
   openssl(dir, ["req", "-x509", ...ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=x402-fleet-test-ca"]);
   openssl(dir, ["req", ...ec, "-keyout", "serving.key", "-out", "serving.csr", "-subj", "/CN=kube-apiserver"]);
-  writeFileSync(join(dir, "serving.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost,IP:10.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\n");
+  writeFileSync(join(dir, "serving.ext"), `subjectAltName=IP:${address},IP:127.0.0.1,DNS:localhost,IP:10.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\n`);
   openssl(dir, ["x509", "-req", "-in", "serving.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "serving.crt", "-days", "2", "-extfile", "serving.ext"]);
   openssl(dir, ["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key"]);
   openssl(dir, ["ec", "-in", "sa.key", "-pubout", "-out", "sa.pub"]);
@@ -228,8 +233,9 @@ export async function startControlPlane(o: ControlPlaneOptions = {}): Promise<Co
     rmSync(dir, { recursive: true, force: true });
   };
 
+  const address = typeof o.address === "function" ? o.address() : (o.address ?? "127.0.0.1");
   try {
-    makeCertificates(dir);
+    makeCertificates(dir, address);
     const caPem = readFileSync(join(dir, "ca.crt"), "utf8");
     const adminToken = randomBytes(24).toString("hex");
     writeFileSync(join(dir, "audit-policy.yaml"), "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules: [{level: Metadata}]\n");
@@ -247,12 +253,12 @@ export async function startControlPlane(o: ControlPlaneOptions = {}): Promise<Co
       "--unsafe-no-fsync", // a throwaway store: durability costs seconds on a busy disk
       "--log-level=warn",
     ]);
-    const url = `https://127.0.0.1:${apiPort}`;
+    const url = `https://${address}:${apiPort}`;
     launch("kube-apiserver", [
       `--etcd-servers=${etcdUrl}`,
       `--secure-port=${apiPort}`,
-      "--bind-address=127.0.0.1",
-      "--advertise-address=127.0.0.1",
+      `--bind-address=${address}`,
+      `--advertise-address=${address}`,
       `--cert-dir=${dir}`,
       `--tls-cert-file=${join(dir, "serving.crt")}`,
       `--tls-private-key-file=${join(dir, "serving.key")}`,

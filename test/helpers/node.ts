@@ -8,9 +8,16 @@
 // Binaries come from scripts/build-node.sh (kubelet, pause image; containerd, runc and the CNI
 // plugins from Debian's packages). Needs root, cgroups and overlayfs.
 //
-// What is not here: kube-proxy and cluster DNS (pods are reached at their pod IP from the host;
-// a host service is offered to pods at the node's IP by expose()), and the kubelet's API (bound
-// to loopback without credentials for the API server: container logs are read from its files).
+// With `services`, Service networking as a cluster has it: kube-proxy in nftables mode (its rules in
+// its own nft tables, `ip kube-proxy` and `ip6 kube-proxy`, deleted at stop: the host's iptables are
+// untouched) and CoreDNS as the cluster DNS (kube-system/kube-dns at 10.0.0.10, the kubelet's
+// clusterDNS), so pods reach Services by name and this host reaches NodePorts at the node IP.
+// kube-proxy's table names are fixed: one node with services per host at a time. CoreDNS runs on
+// this host (no image for it here), behind a selectorless kube-dns Service whose EndpointSlice is
+// the node IP; the control plane must advertise the node IP too (startControlPlane's `address`),
+// since pods reach kube-apiserver through the `kubernetes` Service.
+// What is not here: the kubelet's API (bound to loopback without credentials for the API server:
+// container logs are read from its files, `kubectl logs` and `port-forward` do not work).
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { chownSync, createWriteStream, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmdirSync, rmSync, writeFileSync } from "node:fs";
@@ -18,7 +25,7 @@ import { connect, createServer, type Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { CoreV1Api, PatchStrategy, setHeaderOptions } from "@kubernetes/client-node";
+import { CoreV1Api, DiscoveryV1Api, PatchStrategy, setHeaderOptions } from "@kubernetes/client-node";
 import { freePort } from "../../services/devnet/anvil.ts";
 import { controlPlaneBinaries, type ControlPlane } from "./control-plane.ts";
 import { until } from "./wait.ts";
@@ -27,6 +34,9 @@ const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 const BUILD_SCRIPT = join(ROOT, "scripts", "build-node.sh");
 const HOW_TO_ENABLE = "build it with scripts/build-node.sh as root (kubelet from the control plane's pinned module, ~1 min once the control plane is built; containerd, runc and CNI plugins from Debian's packages)";
 const CNI_BIN = "/usr/lib/cni";
+/** The cluster DNS Service's address, in the control plane's service range (10.0.0.0/24). */
+export const CLUSTER_DNS_IP = "10.0.0.10";
+const KUBE_PROXY_TABLES = ["ip kube-proxy", "ip6 kube-proxy"];
 const CGROUP = "/sys/fs/cgroup";
 
 /** The node's build (kubelet, pause image) and host tools, or why a node cannot run here. */
@@ -35,7 +45,7 @@ export function nodeBinaries(): { dir: string; pauseImage: string } | { missing:
   if (r.status !== 0) return { missing: r.stderr.trim().split("\n").pop() || `${BUILD_SCRIPT} failed` };
   const dir = r.stdout.trim().split("\n").pop()!;
   if (!existsSync(join(dir, ".complete"))) return { missing: `${dir} is not built` };
-  for (const tool of ["containerd", "ctr", "runc"]) if (spawnSync("sh", ["-c", `command -v ${tool}`]).status !== 0) return { missing: `${tool} is not installed` };
+  for (const tool of ["containerd", "ctr", "runc", "nft"]) if (spawnSync("sh", ["-c", `command -v ${tool}`]).status !== 0) return { missing: `${tool} is not installed` };
   if (!existsSync(join(CNI_BIN, "bridge"))) return { missing: `no CNI plugins in ${CNI_BIN}` };
   if (process.getuid?.() !== 0) return { missing: "a node needs root (containerd, cgroups, network namespaces)" };
   if (!readFileSync("/proc/filesystems", "utf8").includes("overlay")) return { missing: "no overlayfs" };
@@ -60,6 +70,8 @@ export function nodeAvailability(suite: string): { run: boolean; fail?: string }
 export interface NodeOptions {
   /** OCI image archives imported into the node's containerd (e.g. the x402-fleet image's). */
   images?: string[];
+  /** kube-proxy (nftables) and CoreDNS: Services by ClusterIP, DNS name and NodePort. */
+  services?: boolean;
 }
 
 export interface HostPort {
@@ -87,7 +99,7 @@ export interface RealNode {
   containerLog(namespace: string, pod: string, container: string): string;
   /** `ctr` against this node's containerd, k8s.io namespace. */
   ctr(args: string[]): { status: number | null; output: string };
-  logOf(component: "containerd" | "kubelet" | "kube-scheduler"): string;
+  logOf(component: "containerd" | "kubelet" | "kube-scheduler" | "kube-proxy" | "coredns"): string;
   stop(): Promise<void>;
 }
 
@@ -97,8 +109,8 @@ process.once("exit", () => {
   for (const c of running) c.kill("SIGKILL");
 });
 
-/** This host's address on its default route (what the kubelet would pick). */
-function hostAddress(): string {
+/** This host's address on its default route (what the kubelet would pick): the node IP. */
+export function hostAddress(): string {
   const r = spawnSync("ip", ["-j", "-4", "route", "get", "1.1.1.1"], { encoding: "utf8" });
   const src = r.status === 0 ? (JSON.parse(r.stdout) as { prefsrc?: string }[])[0]?.prefsrc : undefined;
   if (src) return src;
@@ -228,6 +240,7 @@ export async function startNode(cp: ControlPlane, o: NodeOptions = {}): Promise<
     // what the kubelet left is killed by the runtime, then the runtime stops
     for (const task of ctr(["tasks", "ls", "-q"]).output.trim().split("\n").filter(Boolean)) ctr(["tasks", "rm", "--force", task]);
     for (const { child } of children) await end(child);
+    if (o.services) for (const table of KUBE_PROXY_TABLES) spawnSync("nft", ["delete", "table", ...table.split(" ")], { stdio: "ignore" });
     unmountBelow(dir);
     spawnSync("ip", ["link", "del", bridge]);
     // the hierarchies it was created in, and the unified one of a hybrid host, where the kubelet adds its own
@@ -235,7 +248,87 @@ export async function startNode(cp: ControlPlane, o: NodeOptions = {}): Promise<
     rmSync(dir, { recursive: true, force: true });
   };
 
+  /** CoreDNS behind kube-system/kube-dns, then kube-proxy; ready once both answer and the DNS Service has its rules. */
+  const startServiceNetworking = async () => {
+    const [dnsPort, dnsHealthPort, dnsReadyPort, proxyHealthPort, proxyMetricsPort] = [await freePort(), await freePort(), await freePort(), await freePort(), await freePort()];
+    await core.createNamespacedService({
+      namespace: "kube-system",
+      body: {
+        metadata: { name: "kube-dns", labels: { "k8s-app": "kube-dns" } },
+        spec: {
+          clusterIP: CLUSTER_DNS_IP,
+          ports: [
+            { name: "dns", port: 53, protocol: "UDP", targetPort: dnsPort },
+            { name: "dns-tcp", port: 53, protocol: "TCP", targetPort: dnsPort },
+          ],
+        },
+      },
+    });
+    // selectorless: its endpoint is CoreDNS on this host, written as a controller would
+    await cp.kc.makeApiClient(DiscoveryV1Api).createNamespacedEndpointSlice({
+      namespace: "kube-system",
+      body: {
+        metadata: { name: "kube-dns-host", labels: { "kubernetes.io/service-name": "kube-dns", "endpointslice.kubernetes.io/managed-by": "x402-fleet-tests" } },
+        addressType: "IPv4",
+        endpoints: [{ addresses: [ip], conditions: { ready: true } }],
+        ports: [
+          { name: "dns", port: dnsPort, protocol: "UDP" },
+          { name: "dns-tcp", port: dnsPort, protocol: "TCP" },
+        ],
+      },
+    });
+    // bound to the node IP only (where pods' DNS traffic lands after kube-proxy's DNAT)
+    writeFileSync(
+      join(dir, "Corefile"),
+      [
+        `.:${dnsPort} {`,
+        `  bind ${ip}`,
+        "  errors",
+        `  health 127.0.0.1:${dnsHealthPort}`,
+        `  ready 127.0.0.1:${dnsReadyPort}`,
+        "  kubernetes cluster.local in-addr.arpa ip6.arpa {",
+        `    kubeconfig ${cp.kubeconfigPath}`,
+        "    pods insecure",
+        "    fallthrough in-addr.arpa ip6.arpa",
+        "  }",
+        "  forward . /etc/resolv.conf",
+        "  cache 30",
+        "  loadbalance",
+        "}",
+        "",
+      ].join("\n"),
+    );
+    const coredns = launch("coredns", join(found.dir, "coredns"), ["-conf", join(dir, "Corefile")]);
+    writeFileSync(
+      join(dir, "kube-proxy.yaml"),
+      JSON.stringify({
+        apiVersion: "kubeproxy.config.k8s.io/v1alpha1",
+        kind: "KubeProxyConfiguration",
+        mode: "nftables",
+        clientConnection: { kubeconfig: cp.kubeconfigPath },
+        hostnameOverride: name,
+        clusterCIDR: subnet,
+        nodePortAddresses: [`${ip}/32`],
+        healthzBindAddress: `127.0.0.1:${proxyHealthPort}`,
+        metricsBindAddress: `127.0.0.1:${proxyMetricsPort}`,
+        // 0: the host's conntrack sysctls stay as they are
+        conntrack: { maxPerCore: 0, min: 0, tcpEstablishedTimeout: "0s", tcpCloseWaitTimeout: "0s" },
+      }),
+    );
+    const proxy = launch("kube-proxy", join(found.dir, "kube-proxy"), [`--config=${join(dir, "kube-proxy.yaml")}`, "--v=1"]);
+    const answers = (url: string) => fetch(url, { signal: AbortSignal.timeout(2000) }).then((r) => r.ok, () => false);
+    await until(async () => {
+      if (coredns.exitCode !== null) throw new Error(`node: coredns exited\n${tail("coredns")}`);
+      if (proxy.exitCode !== null) throw new Error(`node: kube-proxy exited\n${tail("kube-proxy")}`);
+      if (!(await answers(`http://127.0.0.1:${dnsReadyPort}/ready`)) || !(await answers(`http://127.0.0.1:${proxyHealthPort}/healthz`))) return undefined;
+      return spawnSync("nft", ["list", "table", "ip", "kube-proxy"], { encoding: "utf8" }).stdout.includes(CLUSTER_DNS_IP) || undefined;
+    }, "CoreDNS ready and kube-proxy's rules for the DNS Service", 120_000).catch((e: Error) => {
+      throw new Error(`${e.message}\n--- coredns ---\n${tail("coredns")}\n--- kube-proxy ---\n${tail("kube-proxy")}`);
+    });
+  };
+
   try {
+    if (o.services && new URL(cp.url).hostname !== ip) throw new Error(`node: services need a control plane advertising the node IP ${ip} (startControlPlane's address), not ${new URL(cp.url).hostname}`);
     cgroupDirs = makeCgroupRoot(name);
     mkdirSync(join(dir, "cni"));
     writeFileSync(
@@ -321,6 +414,7 @@ export async function startNode(cp: ControlPlane, o: NodeOptions = {}): Promise<
         localStorageCapacityIsolation: false,
         makeIPTablesUtilChains: false,
         resolvConf: "/etc/resolv.conf",
+        ...(o.services ? { clusterDNS: [CLUSTER_DNS_IP], clusterDomain: "cluster.local" } : {}),
         nodeStatusUpdateFrequency: "5s",
         syncFrequency: "10s",
       }),
@@ -342,6 +436,7 @@ export async function startNode(cp: ControlPlane, o: NodeOptions = {}): Promise<
     }, `node ${name} Ready`, 120_000).catch((e: Error) => {
       throw new Error(`${e.message}\n--- kubelet ---\n${tail("kubelet")}`);
     });
+    if (o.services) await startServiceNetworking();
 
     return {
       name,
