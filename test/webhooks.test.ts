@@ -19,6 +19,11 @@ import { postJson } from "./helpers/payments.ts";
 import { startRouterService } from "../services/router/service.ts";
 import type { RoutingTable } from "../services/router/routing-table.ts";
 import { pino } from "pino";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { generatePrivateKey } from "viem/accounts";
+import { facilitatorConfigFromEnv, resolveFacilitatorConfig } from "../services/facilitator/config.ts";
+import { acceptTenantWebhook } from "../services/facilitator/settlement/webhooks.ts";
 import { until } from "./helpers/cluster.ts";
 
 const DOWN_MS = 30_000;
@@ -107,6 +112,39 @@ describe("verifyWebhook", () => {
   it("a tenant's key is derived from the fleet secret and the API key id, and differs per tenant", () => {
     expect(tenantWebhookKey(secret, "0123456789abcdef")).toMatch(/^[0-9a-f]{64}$/);
     expect(tenantWebhookKey(secret, "0123456789abcdef")).not.toBe(tenantWebhookKey(secret, "0123456789abcdee"));
+  });
+});
+
+describe("webhook configuration", () => {
+  const dir = mkdtempSync(join(tmpdir(), "x402-webhook-config-"));
+  const good = join(dir, "good.secret");
+  const short = join(dir, "short.secret");
+  writeFileSync(good, "g".repeat(40) + "\n");
+  writeFileSync(short, "tooshort\n");
+  const base = { network: "eip155:8453", rpcUrls: ["http://127.0.0.1:8545"], signerKeys: [generatePrivateKey()] };
+  const resolve = (extra: Record<string, unknown>) => resolveFacilitatorConfig({ ...base, ...extra });
+
+  it("is off without a secret; a URL needs the secret, passes the URL rules, and is never echoed", () => {
+    expect(resolve({}).webhooks).toBeUndefined();
+    expect(() => resolve({ webhookUrl: "https://hooks.example.com/x?token=s3cret" })).toThrow(/needs webhookSecretFile/);
+    expect(() => resolve({ webhookUrl: "http://hooks.example.com/x?token=s3cret", webhookSecretFile: good })).toThrow(/not an https URL/);
+    expect(() => resolve({ webhookUrl: "https://u:p@hooks.example.com/", webhookSecretFile: good })).toThrow(/credentials/);
+    expect(() => resolve({ webhookSecretFile: short })).toThrow(/fewer than 32 characters/);
+    for (const bad of [{ webhookUrl: "http://hooks.example.com/x?token=s3cret", webhookSecretFile: good }, { webhookUrl: "https://u:s3cret@hooks.example.com/", webhookSecretFile: good }]) {
+      expect(() => resolve(bad)).toThrow(expect.objectContaining({ message: expect.not.stringContaining("s3cret") }));
+    }
+    expect(resolve({ webhookUrl: "https://hooks.example.com/x", webhookSecretFile: good }).webhooks).toMatchObject({ url: "https://hooks.example.com/x", secret: "g".repeat(40), allowPrivateNetworks: false, maxAttempts: 40, giveUpAfterMs: 86_400_000 });
+    // http (an in-cluster receiver, tests) only where private networks are allowed.
+    const env = facilitatorConfigFromEnv({ X402_WEBHOOK_URL: "http://receiver.default.svc/x", X402_WEBHOOK_SECRET_FILE: good, X402_WEBHOOK_ALLOW_PRIVATE_NETWORKS: "true", X402_WEBHOOK_MAX_ATTEMPTS: "5" });
+    expect(resolveFacilitatorConfig(base, env).webhooks).toMatchObject({ url: "http://receiver.default.svc/x", allowPrivateNetworks: true, maxAttempts: 5 });
+  });
+
+  it("a tenant's URL is kept only where the facilitator can sign and would send to it", () => {
+    const hooks = resolve({ webhookSecretFile: good }).webhooks!;
+    expect(acceptTenantWebhook(undefined, "https://t.example.com/")).toBeUndefined();
+    expect(acceptTenantWebhook(hooks, "https://t.example.com/x?k=1")).toBe("https://t.example.com/x?k=1");
+    expect(acceptTenantWebhook(hooks, "http://127.0.0.1/")).toBeUndefined();
+    expect(acceptTenantWebhook(hooks, "not a url")).toBeUndefined();
   });
 });
 
@@ -223,10 +261,15 @@ describe.each(ENGINES)("settlement webhooks on the %s engine", (engine) => {
     expect(verifyWebhook({ body: sent.body, headers: sent.headers, secret: randomBytes(32).toString("hex"), now: at })).toEqual({ ok: false, reason: "bad_signature" });
     expect(verifyWebhook({ body: sent.body.replace('"1000"', '"1"'), headers: sent.headers, secret, now: at })).toEqual({ ok: false, reason: "bad_signature" });
     expect(verifyWebhook({ body: sent.body, headers: sent.headers, secret, now: at + 301_000 })).toEqual({ ok: false, reason: "stale_timestamp" });
+    // Any process of a network delivers its events (replicas share them): this one's ends here.
+    await f.close();
   }, 180_000);
 
   it("a tenant's events go to its API key's webhook URL, signed with the key's webhook key from the router's admin API; a key without one gets none", async () => {
+    // A chain of its own: the test above spent its payer's balance.
+    const rig = await startRig({ engine });
     const dir = rig.dir;
+    await writeFile(join(dir, "webhook.secret"), secret + "\n");
     const routerToken = randomBytes(32).toString("hex");
     const adminToken = randomBytes(24).toString("hex");
     await writeFile(join(dir, "router.token"), routerToken + "\n");
@@ -283,14 +326,15 @@ describe.each(ENGINES)("settlement webhooks on the %s engine", (engine) => {
       // Signed with the tenant's key, not the fleet's secret.
       const { body, headers } = hook.accepted[1]!;
       expect(verifyWebhook({ body, headers, secret, now: Number(headers["x402-webhook-timestamp"]) * 1000 })).toEqual({ ok: false, reason: "bad_signature" });
-      // Every tenant delivery this facilitator made: the two above (the quiet key's, due first, would be counted by now).
-      const tenantDeliveries = () => metricSum(f.adminUrl, "x402_webhook_deliveries_total", { target: "tenant" });
+      // Every tenant delivery made on this network: the two above (the quiet key's, due first, would be counted by now).
+      const tenantDeliveries = () => metricSum(f.adminUrl, "x402_webhook_deliveries_total", { target: "tenant", result: "delivered" });
       await until(async () => (await tenantDeliveries()) >= 2, "the deliveries counted");
       expect(await tenantDeliveries()).toBe(2);
       const receipt = await publicClient(rig.anvil.rpcUrl).getTransactionReceipt({ hash: hooked.transaction as Hex });
       expect(receipt.status).toBe("success");
     } finally {
       await router.close();
+      await rig.stop();
     }
   }, 120_000);
 });

@@ -316,6 +316,11 @@ ${EVENT_FUNCTION};
 CREATE TRIGGER settlement_payments_event AFTER UPDATE OF state ON settlement_payments FOR EACH ROW
   WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION settlement_payment_event()`,
   },
+  {
+    // Delivered or given-up events are dropped after a while (webhooks.ts): found by age.
+    id: "settlement/014_webhook_retention",
+    sql: `CREATE INDEX settlement_events_age ON settlement_events (network, created_at)`,
+  },
 ];
 
 /** Whether a transaction can decide its payment's outcome: the mechanism's own, not one that prepared it. */

@@ -22,6 +22,9 @@ import type { Database } from "../../platform/storage.ts";
 import { tenantWebhookKey, webhookHeaders, webhookOrigin, webhookUrlProblem } from "../../x402/webhooks.ts";
 import type { WebhookConfig } from "../config.ts";
 
+/** How long an event is kept once none of its deliveries is pending (never less than the give-up bound). */
+export const EVENT_RETENTION_MS = 7 * 86_400_000;
+
 export interface WebhookDeliveryOptions {
   db: Database;
   network: string;
@@ -66,6 +69,7 @@ export function startWebhookDelivery(opts: WebhookDeliveryOptions) {
   let timer: NodeJS.Timeout | undefined;
   let running: Promise<void> | undefined;
   let gaugesAt = 0;
+  let prunedAt = 0;
 
   /**
    * Claims due deliveries: pending, their time come, no lease held, and no earlier event of the same
@@ -149,6 +153,20 @@ export function startWebhookDelivery(opts: WebhookDeliveryOptions) {
     metrics.webhookOldestDue.set({ network }, row?.due ?? 0);
   }
 
+  /**
+   * Drops events older than the retention whose deliveries all ended (their deliveries with them),
+   * at most hourly and a bounded number at a time: the tables do not grow with history.
+   */
+  async function prune(): Promise<void> {
+    if (Date.now() - prunedAt < 3_600_000) return;
+    prunedAt = Date.now();
+    await db.query(
+      `DELETE FROM settlement_events e WHERE e.id IN (SELECT id FROM settlement_events WHERE network = $1 AND created_at < now() - ($2 || ' milliseconds')::interval ORDER BY created_at LIMIT 5000)
+         AND NOT EXISTS (SELECT 1 FROM settlement_webhook_deliveries d WHERE d.event = e.id AND d.state = 'pending')`,
+      [network, String(Math.max(EVENT_RETENTION_MS, 2 * config.giveUpAfterMs))],
+    );
+  }
+
   /** One pass: claims what is due and sends it, until nothing is due (a full batch may hide more). */
   async function pass(): Promise<void> {
     for (;;) {
@@ -157,6 +175,7 @@ export function startWebhookDelivery(opts: WebhookDeliveryOptions) {
       if (due.length < batch || stopped) break;
     }
     await refreshGauges();
+    await prune();
   }
 
   const schedule = () => {
