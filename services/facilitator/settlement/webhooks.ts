@@ -74,6 +74,8 @@ export function startWebhookDelivery(opts: WebhookDeliveryOptions) {
   /**
    * Claims due deliveries: pending, their time come, no lease held, and no earlier event of the same
    * payment still pending for that target (in order). SKIP LOCKED: replicas never wait on each other.
+   * A process without the facilitator's URL leaves that receiver's deliveries to the processes that
+   * have it (a rollout changing it), and gives them up only past the age bound.
    */
   async function claim(): Promise<DueDelivery[]> {
     return db.query<DueDelivery>(
@@ -81,12 +83,13 @@ export function startWebhookDelivery(opts: WebhookDeliveryOptions) {
        FROM (
          SELECT event, target FROM settlement_webhook_deliveries x
          WHERE x.network = $1 AND x.state = 'pending' AND x.next_attempt_at <= now() AND (x.lease_until IS NULL OR x.lease_until < now())
+           AND ($4 OR x.target <> 'facilitator' OR x.created_at < now() - ($5 || ' milliseconds')::interval)
            AND NOT EXISTS (SELECT 1 FROM settlement_webhook_deliveries y WHERE y.network = x.network AND y.payment_id = x.payment_id AND y.target = x.target AND y.state = 'pending' AND y.sequence < x.sequence)
          ORDER BY x.next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED
        ) due, settlement_events e, settlement_payments p
        WHERE d.event = due.event AND d.target = due.target AND e.id = d.event AND p.network = d.network AND p.payment_id = d.payment_id
        RETURNING d.event::text AS event, d.target, d.attempts, e.event_id, e.body, e.tenant, p.webhook_url AS url, (EXTRACT(EPOCH FROM (now() - e.created_at)) * 1000)::float8 AS age_ms`,
-      [network, batch, String(leaseMs)],
+      [network, batch, String(leaseMs), !!config.url, String(config.giveUpAfterMs)],
     );
   }
 
