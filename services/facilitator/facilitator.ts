@@ -345,6 +345,10 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
       if (clientId && (response.success || response.transaction)) {
         await opts.coordinator.bindIdentifier(clientId, payload, requirements).catch((e: unknown) => opts.logger.warn({ err: errorSummary(e) }, "payment identifier not bound"));
       }
+      // A tenant answered with a transaction reads the payment's status (whoever settled it first).
+      if (settlements && job.tenant && (response.success || response.transaction)) {
+        await opts.coordinator.noteTenant(job).catch((e: unknown) => opts.logger.warn({ err: errorSummary(e) }, "tenant not recorded for the status API"));
+      }
       // A refusal with nothing sent is kept so the payment's status can say why (not a 503: that is no verdict).
       if (settlements && !response.success && !response.transaction && !NO_VERDICT.has(response.errorReason ?? "")) {
         await opts.coordinator.noteRefusal(job, response).catch((e: unknown) => opts.logger.warn({ err: errorSummary(e) }, "refusal not recorded for the status API"));

@@ -188,8 +188,20 @@ export function createContractApp(opts: ContractAppOptions): FastifyInstance {
         if (fromRouter) Object.assign(caller, { fromRouter: true, tenant: headerValue(request.headers[FLEET_HEADERS.tenant]) });
         return caller;
       };
-      app.get("/v2/settlements/status", async (request, r) => reply(r, await status.lookup(request.query as Record<string, unknown>, callerOf(request))));
-      app.post("/v2/settlements/status", async (request, r) => reply(r, await status.ofPayment(request.body, callerOf(request))));
+      // An anonymous endpoint that may read the chain: held to the verify cap (past it, 503 and nothing read).
+      const cap = opts.maxInFlight?.verify ?? Infinity;
+      let inFlight = 0;
+      const bounded = async (r: FastifyReply, ask: () => Promise<HandlerResult>) => {
+        if (inFlight >= cap) throw new CodedError("backend_unavailable", `this ${opts.service} is already answering ${cap} status requests; retry in ${SHED_RETRY_AFTER_S} s`, COMMON_STATUS.backend_unavailable, { "retry-after": String(SHED_RETRY_AFTER_S) });
+        inFlight++;
+        try {
+          return reply(r, await ask());
+        } finally {
+          inFlight--;
+        }
+      };
+      app.get("/v2/settlements/status", (request, r) => bounded(r, () => status.lookup(request.query as Record<string, unknown>, callerOf(request))));
+      app.post("/v2/settlements/status", (request, r) => bounded(r, () => status.ofPayment(request.body, callerOf(request))));
     }
     if (discovery) {
       for (const action of ["resources", "search"] as const) {

@@ -30,7 +30,7 @@ import type { PaymentPlan } from "../plan.ts";
 import { SETTLEMENT_PENDING, SettlementBusyError, failureAnswer, pendingAnswer } from "./answers.ts";
 import { settlementContext, type SettlementContext } from "./context.ts";
 import { AUXILIARY_KINDS } from "./gas-policy.ts";
-import { identifierScope, paymentDigest, paymentIdentity, paymentNonce } from "./payment-id.ts";
+import { identifierScope, paymentDigest, paymentIdentity, paymentNonce, requestDigest } from "./payment-id.ts";
 import { pollMined, sleep } from "./receipts.ts";
 import { isDecisive, isFinal, type OutboxRow, type PaymentTerms, type SettlementStore } from "./store.ts";
 
@@ -291,7 +291,12 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
     async noteRefusal(job: Pick<SettleJob, "payload" | "requirements" | "unique" | "tenant">, answer: SettleResponse): Promise<void> {
       if (job.unique || answer.success || answer.transaction) return;
       const { id, payer } = paymentIdentity(job.payload, job.requirements);
-      await store.recordRefusal(id, paymentDigest(job.payload, job.requirements), { payer, tenant: job.tenant, reason: answer.errorReason ?? "unexpected_settle_error", message: answer.errorMessage });
+      await store.recordRefusal(id, requestDigest(job.payload, job.requirements), { payer, tenant: job.tenant, reason: answer.errorReason ?? "unexpected_settle_error", message: answer.errorMessage });
+    },
+    /** A tenant was answered for a payment it sent or that is on chain: it may read the payment's status. */
+    async noteTenant(job: Pick<SettleJob, "payload" | "requirements" | "unique" | "tenant">): Promise<void> {
+      if (job.unique || !job.tenant) return;
+      await store.addPaymentTenant(paymentIdentity(job.payload, job.requirements).id, job.tenant);
     },
     /**
      * The payment-identifier extension: whether the payer's identifier is already bound to a

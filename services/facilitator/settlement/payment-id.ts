@@ -107,6 +107,15 @@ export function identifierScope(payload: PaymentPayload, identityPayer: string |
  * not change what moves (description, resource, timeouts, extra) are left out, so honest retries of
  * one payment always agree.
  */
+/**
+ * The digest of the whole request as /settle judged it: the payment's digest and the requirements'
+ * `extra` (the EIP-712 domain a signature is checked against rides there). A refusal is kept under
+ * it, so a copy of a payment with another `extra` never speaks for the genuine one.
+ */
+export function requestDigest(payload: PaymentPayload, requirements: PaymentRequirements): string {
+  return keccak256(toBytes(canonicalJson({ payment: paymentDigest(payload, requirements), extra: requirements.extra ?? null })));
+}
+
 export function paymentDigest(payload: PaymentPayload, requirements: PaymentRequirements): string {
   const { scheme, network, asset, payTo, amount } = requirements;
   return keccak256(toBytes(canonicalJson({ scheme, network, asset, payTo, amount, payload: payload.payload, extensions: payload.extensions ?? null })));

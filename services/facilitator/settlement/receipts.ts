@@ -14,6 +14,10 @@ export async function findMined(chain: ChainClient, hashes: readonly Hex[], conf
   const receipts = await Promise.all(hashes.map((hash) => chain.client.getTransactionReceipt({ hash }).then((r) => ({ hash, receipt: r }), () => undefined)));
   const mined = receipts.find((r) => r !== undefined);
   if (!mined) return undefined;
+  // Only a receipt of the canonical block: an endpoint on a fork (a load-balanced provider whose
+  // nodes disagree, or one that lies) must not make a settlement look mined. Not known: poll again.
+  const block = await chain.client.getBlock({ blockNumber: mined.receipt.blockNumber }).catch(() => undefined);
+  if (!block || block.hash !== mined.receipt.blockHash) return undefined;
   if (confirmations > 1) {
     // An RPC failure here means "not known yet", like a failed receipt lookup above: callers poll.
     const head = await chain.client.getBlockNumber({ cacheTime: 0 }).catch(() => undefined);

@@ -19,7 +19,7 @@ import type { PaymentPayload, PaymentRequirements } from "@x402/core/types";
 import type { ChainClient } from "../chain.ts";
 import { RequestError } from "../../x402/errors.ts";
 import type { ProtocolStatus, SettlementState, SettlementStatus } from "../../x402/settlement-status.ts";
-import { identifierScope, nonceForms, paymentDigest, paymentIdentity } from "./payment-id.ts";
+import { identifierScope, nonceForms, paymentDigest, paymentIdentity, requestDigest } from "./payment-id.ts";
 import { isDecisive, type OutboxRow, type PaymentRecord, type SettlementStore } from "./store.ts";
 
 export type { ProtocolStatus, SettlementState, SettlementStatus } from "../../x402/settlement-status.ts";
@@ -40,7 +40,11 @@ export interface StatusCaller {
   tenant?: string;
 }
 
+type Mined = { hash: string; blockNumber: bigint; blockHash: string };
+
 const HASH = /^0x[0-9a-fA-F]{64}$/;
+/** The payment-identifier extension's id (@x402/extensions): what a stored identifier can be. */
+const IDENTIFIER = /^[A-Za-z0-9_-]{16,128}$/;
 const ADDRESS = /^0x[0-9a-fA-F]{40}$/;
 
 export function createSettlementStatus(opts: StatusOptions) {
@@ -56,13 +60,34 @@ export function createSettlementStatus(opts: StatusOptions) {
   }
 
   const notFound = (what: string) => new RequestError("payment_not_found", `no settlement on ${network} ${what}`);
-  const visible = (record: PaymentRecord | undefined, caller: StatusCaller) => record && (caller.tenant === undefined || record.tenant === caller.tenant) ? record : undefined;
+  /** Without keys anyone who names a payment reads it; with keys, a tenant that settled it (or was answered for it). */
+  async function visible(record: PaymentRecord | undefined, caller: StatusCaller): Promise<PaymentRecord | undefined> {
+    if (!record || caller.tenant === undefined || record.tenant === caller.tenant) return record;
+    return (await store.tenantOf(record.payment_id, caller.tenant)) ? record : undefined;
+  }
+
+  // Receipts of payments not recorded yet, per attempt hash, kept a moment: many askers of one payment make one lookup.
+  const receipts = new Map<string, { at: number; value: Promise<Mined | undefined> }>();
+  function receiptOf(hash: `0x${string}`): Promise<Mined | undefined> {
+    const cached = receipts.get(hash);
+    if (cached && Date.now() - cached.at < 500) return cached.value;
+    if (receipts.size > 10_000) receipts.clear();
+    const value = (async () => {
+      const receipt = await opts.chain.client.getTransactionReceipt({ hash }).catch(() => undefined);
+      if (receipt?.status !== "success") return undefined;
+      // Only a receipt of the canonical block counts: an endpoint on a fork (or lying) must not make a payment look mined.
+      const block = await opts.chain.client.getBlock({ blockNumber: receipt.blockNumber }).catch(() => undefined);
+      return block?.hash === receipt.blockHash ? { hash, blockNumber: receipt.blockNumber, blockHash: receipt.blockHash } : undefined;
+    })();
+    receipts.set(hash, { at: Date.now(), value });
+    return value;
+  }
 
   /** A receipt of the latest sent attempt of a payment whose outcome is not recorded yet (mined with success, or none). */
-  async function minedNow(tx: OutboxRow): Promise<{ hash: string; blockNumber: bigint; blockHash: string } | undefined> {
+  async function minedNow(tx: OutboxRow): Promise<Mined | undefined> {
     for (const hash of [...tx.hashes].reverse().slice(0, 3)) {
-      const receipt = await opts.chain.client.getTransactionReceipt({ hash }).catch(() => undefined);
-      if (receipt?.status === "success") return { hash, blockNumber: receipt.blockNumber, blockHash: receipt.blockHash };
+      const mined = await receiptOf(hash);
+      if (mined) return mined;
     }
     return undefined;
   }
@@ -107,9 +132,10 @@ export function createSettlementStatus(opts: StatusOptions) {
     const open = [...txs].reverse().find((t) => t.state === "signed" || t.state === "broadcast") ?? latest;
     const mined = open.state === "confirmed" && open.mined_hash && open.mined_block_number ? { hash: open.mined_hash, blockNumber: BigInt(open.mined_block_number), blockHash: open.mined_block_hash ?? "" } : await minedNow(open);
     if (mined) {
+      // Mined, not yet recorded: `settled` only once the engine records it (its receipt watched to
+      // the finality depth, as /settle answers), never on a chain read here alone.
       const confirmations = await depth(mined.blockNumber);
-      const final = confirmations !== undefined && confirmations >= finality.confirmations;
-      return { ...base, status: final ? "settled" : "pending", terminal: final, state: "confirmed", transaction: mined.hash, ...at(mined), ...(confirmations ? { confirmations } : {}) };
+      return { ...base, status: "pending", terminal: false, state: "confirmed", transaction: mined.hash, ...at(mined), ...(confirmations ? { confirmations } : {}) };
     }
     const state: SettlementState = record.reorged_from ? "reorged" : "submitted";
     return { ...base, status: "pending", terminal: false, state, transaction: open.hash };
@@ -123,7 +149,7 @@ export function createSettlementStatus(opts: StatusOptions) {
       const param = (name: string) => {
         const v = query[name];
         if (v === undefined) return undefined;
-        if (typeof v !== "string" || v.length === 0 || v.length > 200) throw new RequestError("invalid_status_query", `${name} must be one non-empty value`);
+        if (typeof v !== "string" || !/^[\x21-\x7e]{1,200}$/.test(v)) throw new RequestError("invalid_status_query", `${name} must be one value of printable ASCII`);
         return v;
       };
       const [transaction, identifier, payer, nonce, asset, scheme, asked] = ["transaction", "paymentIdentifier", "payer", "nonce", "asset", "scheme", "network"].map(param);
@@ -135,13 +161,14 @@ export function createSettlementStatus(opts: StatusOptions) {
       if (transaction !== undefined) {
         if (!HASH.test(transaction)) throw new RequestError("invalid_status_query", "transaction must be a 0x-prefixed 32-byte hash");
         const id = await store.paymentIdByHash(transaction);
-        const record = visible(id === undefined ? undefined : await store.paymentRecord(id), caller);
+        const record = await visible(id === undefined ? undefined : await store.paymentRecord(id), caller);
         if (!record) throw notFound(`sent in transaction ${transaction}`);
         return answer(record);
       }
       if (identifier !== undefined) {
+        if (!IDENTIFIER.test(identifier)) throw new RequestError("invalid_status_query", "paymentIdentifier is 16 to 128 of A-Z a-z 0-9 _ -");
         const bound = await store.identifierBindings(identifier, payer ? `payer:${payer.toLowerCase()}` : undefined);
-        const records = (await Promise.all(bound.map(async (b) => visible(await store.paymentRecord(b.paymentId), caller)))).filter((r) => r !== undefined && bound.some((b) => b.paymentId === r.payment_id && b.digest === r.digest));
+        const records = (await Promise.all(bound.map(async (b) => await visible(await store.paymentRecord(b.paymentId), caller)))).filter((r) => r !== undefined && bound.some((b) => b.paymentId === r.payment_id && b.digest === r.digest));
         if (records.length === 0) throw notFound(`with payment identifier ${identifier}${payer ? ` of ${payer}` : ""} (an identifier is bound once its payment sent a transaction)`);
         if (records.length > 1) throw new RequestError("ambiguous_payment", `${records.length} payers used payment identifier ${identifier}: add payer=<address>`);
         return answer(records[0]!);
@@ -149,9 +176,9 @@ export function createSettlementStatus(opts: StatusOptions) {
       if (payer === undefined) throw new RequestError("invalid_status_query", "nonce needs payer=<address>");
       const forms = nonceForms(nonce!);
       if (forms.length === 0) throw new RequestError("invalid_status_query", "nonce must be a decimal or 0x-prefixed hex number under 2^256");
-      const records = (await store.paymentsByNonce(payer, forms)).filter(
-        (r) => visible(r, caller) && (asset === undefined || r.token === asset.toLowerCase()) && (scheme === undefined || r.scheme === scheme),
-      );
+      // A claim that sent nothing is not shown by name: it may be a forged body's, refused a moment later.
+      const named = (await store.paymentsByNonce(payer, forms)).filter((r) => r.state !== "claimed" && (asset === undefined || r.token === asset.toLowerCase()) && (scheme === undefined || r.scheme === scheme));
+      const records = (await Promise.all(named.map((r) => visible(r, caller)))).filter((r) => r !== undefined);
       if (records.length === 0) throw notFound(`of ${payer} with nonce ${nonce}`);
       if (records.length > 1) throw new RequestError("ambiguous_payment", `${records.length} payments of ${payer} use nonce ${nonce} (${records.map((r) => `${r.scheme} of ${r.token}`).join(", ")}): add asset=<token> or scheme=<scheme>`);
       return answer(records[0]!);
@@ -166,8 +193,9 @@ export function createSettlementStatus(opts: StatusOptions) {
       const { id, payer } = paymentIdentity(payload, requirements);
       const digest = paymentDigest(payload, requirements);
       const record = await store.paymentRecord(id);
-      if (record && record.digest === digest && visible(record, caller)) return answer(record);
-      if (record && record.digest !== digest && record.state !== "claimed") {
+      const seen = await visible(record, caller);
+      if (seen && seen.digest === digest) return answer(seen);
+      if (seen && seen.digest !== digest && seen.state !== "claimed") {
         // Another payment holds this authorization's nonce and went ahead: this one can never execute.
         const now = new Date().toISOString();
         const body: SettlementStatus = {
@@ -186,8 +214,8 @@ export function createSettlementStatus(opts: StatusOptions) {
         };
         return { status: 200, body };
       }
-      const refusal = await store.refusal(id, digest);
-      if (refusal && (caller.tenant === undefined || refusal.tenant === caller.tenant)) {
+      const refusal = await store.refusal(id, requestDigest(payload, requirements), caller.tenant);
+      if (refusal) {
         const status = refusalStatus(refusal.reason);
         const body: SettlementStatus = {
           status,
@@ -214,15 +242,17 @@ export function createSettlementStatus(opts: StatusOptions) {
 }
 
 /**
- * The protocol status of a refusal with nothing sent, by its reason: a payer short of funds may
- * pay later (blocked), an authorization past its validity never can (expired), one not valid yet
- * can later (deferred_until); any other refusal is a failure of this payment.
+ * The protocol status of a refusal with nothing sent, by its reason. Only what this very request
+ * can never overcome is final: an authorization past its validity (expired), a nonce already used,
+ * a signature that does not verify (failed). One not valid yet can pay later (deferred_until);
+ * anything else (funds, screening, budgets, a simulation that failed) may pass on a later /settle
+ * of the same request (blocked).
  */
 export function refusalStatus(reason: string): ProtocolStatus {
-  if (/insufficient_(funds|balance)/.test(reason)) return "blocked";
   if (/valid_before|expired/.test(reason)) return "expired";
   if (/valid_after/.test(reason)) return "deferred_until";
-  return "failed";
+  if (/nonce|signature/.test(reason)) return "failed";
+  return "blocked";
 }
 
 export type SettlementStatusService = ReturnType<typeof createSettlementStatus>;

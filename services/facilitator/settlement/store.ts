@@ -321,6 +321,36 @@ CREATE TRIGGER settlement_payments_event AFTER UPDATE OF state ON settlement_pay
     id: "settlement/014_webhook_retention",
     sql: `CREATE INDEX settlement_events_age ON settlement_events (network, created_at)`,
   },
+  {
+    // Status API review: every tenant that settled a payment (or was answered for it) reads its
+    // status, not only the first; a refusal is kept per whole request (the requirements' extra is
+    // part of what a signature is checked against) and per tenant, so nobody else's request
+    // overwrites or hides it. Refusals are ephemeral: the old table is dropped.
+    id: "settlement/015_status_tenants",
+    sql: `
+CREATE TABLE settlement_payment_tenants (
+  network text NOT NULL,
+  payment_id text NOT NULL,
+  tenant text NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (network, payment_id, tenant)
+);
+INSERT INTO settlement_payment_tenants (network, payment_id, tenant) SELECT network, payment_id, tenant FROM settlement_payments WHERE tenant IS NOT NULL;
+DROP TABLE settlement_refusals;
+CREATE TABLE settlement_refusals (
+  network text NOT NULL,
+  payment_id text NOT NULL,
+  request text NOT NULL,
+  tenant text NOT NULL DEFAULT '',
+  payer text,
+  reason text NOT NULL,
+  message text,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (network, payment_id, request, tenant)
+);
+CREATE INDEX settlement_refusals_age ON settlement_refusals (network, updated_at)`,
+  },
 ];
 
 /** Whether a transaction can decide its payment's outcome: the mechanism's own, not one that prepared it. */
@@ -394,10 +424,9 @@ export interface PaymentRecord {
   updated_at: string;
 }
 
-/** A payment refused before anything was sent, as last answered (kept a week). */
+/** A payment refused before anything was sent, as last answered (kept two days, at most REFUSALS_KEPT per network). */
 export interface RefusalRecord {
   payer: string | null;
-  tenant: string | null;
   reason: string;
   message: string | null;
   created_at: string;
@@ -515,6 +544,9 @@ export interface MinedAt {
 export type RetiredNonce = { reused: true } | { reused: false; filler: OutboxRow };
 
 export const NONCE_FILLER_PAYMENT = "nonce-filler";
+
+/** Refusals kept per network for the status API (settlement_refusals); an anonymous caller can make them. */
+export const REFUSALS_KEPT = 50_000;
 
 export interface SettlementStoreHooks {
   /** Called once per transaction, by whichever process records it mined first (gas accounting); a reorged transaction mined again is not counted twice. */
@@ -1066,24 +1098,43 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     },
 
     /**
-     * Keeps the last refusal of a payment nothing was sent for (its status says why, to whoever
-     * holds the very payment). Refusals older than a week are dropped as new ones come.
+     * Keeps the last refusal of a request nothing was sent for (`request`: the digest of the whole
+     * request, payment-id.ts requestDigest), per tenant ('' without keys): its status says why, to
+     * whoever sends that very request. An anonymous caller can make them: they are dropped after two
+     * days, and beyond REFUSALS_KEPT per network the oldest go.
      */
-    async recordRefusal(paymentId: string, digest: string, refusal: { payer: string | null; tenant?: string; reason: string; message?: string }): Promise<void> {
+    async recordRefusal(paymentId: string, request: string, refusal: { payer: string | null; tenant?: string; reason: string; message?: string }): Promise<void> {
       await db.query(
-        `INSERT INTO settlement_refusals (network, payment_id, digest, payer, tenant, reason, message) VALUES ($1, $2, $3, $4, $5, $6, $7)
-         ON CONFLICT (network, payment_id, digest) DO UPDATE SET reason = EXCLUDED.reason, message = EXCLUDED.message, tenant = EXCLUDED.tenant, updated_at = now()`,
-        [network, paymentId, digest, refusal.payer, refusal.tenant ?? null, refusal.reason, refusal.message?.slice(0, 500) ?? null],
+        `INSERT INTO settlement_refusals (network, payment_id, request, tenant, payer, reason, message) VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (network, payment_id, request, tenant) DO UPDATE SET reason = EXCLUDED.reason, message = EXCLUDED.message, updated_at = now()`,
+        [network, paymentId, request, refusal.tenant ?? "", refusal.payer, refusal.reason, refusal.message?.slice(0, 500) ?? null],
       );
-      if (Math.random() < 0.01) await db.query(`DELETE FROM settlement_refusals WHERE updated_at < now() - interval '7 days'`);
+      if (Math.random() < 0.01) {
+        await db.query(
+          `DELETE FROM settlement_refusals r USING (
+             SELECT payment_id, request, tenant FROM settlement_refusals WHERE network = $1 ORDER BY updated_at DESC OFFSET $2
+           ) old WHERE r.network = $1 AND r.payment_id = old.payment_id AND r.request = old.request AND r.tenant = old.tenant`,
+          [network, REFUSALS_KEPT],
+        );
+        await db.query(`DELETE FROM settlement_refusals WHERE network = $1 AND updated_at < now() - interval '2 days'`, [network]);
+      }
     },
 
-    async refusal(paymentId: string, digest: string): Promise<RefusalRecord | undefined> {
+    async refusal(paymentId: string, request: string, tenant?: string): Promise<RefusalRecord | undefined> {
       const [row] = await db.query<RefusalRecord>(
-        `SELECT payer, tenant, reason, message, ${iso("created_at")}, ${iso("updated_at")} FROM settlement_refusals WHERE network = $1 AND payment_id = $2 AND digest = $3`,
-        [network, paymentId, digest],
+        `SELECT payer, reason, message, ${iso("created_at")}, ${iso("updated_at")} FROM settlement_refusals WHERE network = $1 AND payment_id = $2 AND request = $3 AND tenant = $4`,
+        [network, paymentId, request, tenant ?? ""],
       );
       return row;
+    },
+
+    /** A tenant that settled a payment (or was answered for it): it may read its status. */
+    async addPaymentTenant(paymentId: string, tenant: string): Promise<void> {
+      await db.query(`INSERT INTO settlement_payment_tenants (network, payment_id, tenant) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, [network, paymentId, tenant]);
+    },
+
+    async tenantOf(paymentId: string, tenant: string): Promise<boolean> {
+      return (await db.query(`SELECT 1 FROM settlement_payment_tenants WHERE network = $1 AND payment_id = $2 AND tenant = $3`, [network, paymentId, tenant])).length > 0;
     },
 
     async outboxForPayment(paymentId: string): Promise<OutboxRow[]> {
