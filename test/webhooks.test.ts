@@ -23,7 +23,7 @@ import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { generatePrivateKey } from "viem/accounts";
 import { facilitatorConfigFromEnv, resolveFacilitatorConfig } from "../services/facilitator/config.ts";
-import { acceptTenantWebhook } from "../services/facilitator/settlement/webhooks.ts";
+import { acceptTenantWebhook, retryDelayMs } from "../services/facilitator/settlement/webhooks.ts";
 import { until } from "./helpers/cluster.ts";
 
 const DOWN_MS = 30_000;
@@ -137,6 +137,16 @@ describe("webhook configuration", () => {
     // http (an in-cluster receiver, tests) only where private networks are allowed.
     const env = facilitatorConfigFromEnv({ X402_WEBHOOK_URL: "http://receiver.default.svc/x", X402_WEBHOOK_SECRET_FILE: good, X402_WEBHOOK_ALLOW_PRIVATE_NETWORKS: "true", X402_WEBHOOK_MAX_ATTEMPTS: "5" });
     expect(resolveFacilitatorConfig(base, env).webhooks).toMatchObject({ url: "http://receiver.default.svc/x", allowPrivateNetworks: true, maxAttempts: 5 });
+  });
+
+  it("retries back off exponentially from the base to the largest delay, jittered by at most a half", () => {
+    const bounds = { retryBaseMs: 1000, retryMaxMs: 3_600_000 };
+    for (let attempts = 1; attempts <= 60; attempts++) {
+      const full = Math.min(bounds.retryMaxMs, bounds.retryBaseMs * 2 ** (attempts - 1));
+      const delay = retryDelayMs(attempts, bounds);
+      expect(delay).toBeGreaterThanOrEqual(full / 2);
+      expect(delay).toBeLessThanOrEqual(full);
+    }
   });
 
   it("a tenant's URL is kept only where the facilitator can sign and would send to it", () => {
