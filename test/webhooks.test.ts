@@ -24,6 +24,9 @@ import { tmpdir } from "node:os";
 import { generatePrivateKey } from "viem/accounts";
 import { facilitatorConfigFromEnv, resolveFacilitatorConfig } from "../services/facilitator/config.ts";
 import { acceptTenantWebhook, retryDelayMs } from "../services/facilitator/settlement/webhooks.ts";
+import { SETTLEMENT_MIGRATIONS, createSettlementStore } from "../services/facilitator/settlement/store.ts";
+import { openDatabase } from "../services/platform/storage.ts";
+import { DATABASE_URL } from "./helpers/settlement-rig.ts";
 import { until } from "./helpers/cluster.ts";
 
 const DOWN_MS = 30_000;
@@ -155,6 +158,45 @@ describe("webhook configuration", () => {
     expect(acceptTenantWebhook(hooks, "https://t.example.com/x?k=1")).toBe("https://t.example.com/x?k=1");
     expect(acceptTenantWebhook(hooks, "http://127.0.0.1/")).toBeUndefined();
     expect(acceptTenantWebhook(hooks, "not a url")).toBeUndefined();
+  });
+});
+
+describe.each(ENGINES)("settlement events in the store on the %s engine", (engine) => {
+  it("every state change after claimed is one event, numbered per payment, with a delivery per receiver: submitted, confirmed, reorged, failed; none without a receiver", async () => {
+    const db = await openDatabase({ url: engine === "postgres" ? DATABASE_URL : undefined, migrations: SETTLEMENT_MIGRATIONS });
+    // A network of its own: rows other runs left in a shared PostgreSQL never meet these.
+    const network = `eip155:${900_000_000 + Math.floor(Math.random() * 99_999_999)}`;
+    const store = createSettlementStore(db, network);
+    const signer = privateKeyToAccount(generatePrivateKey()).address;
+    try {
+      const terms = { token: "0xt", payTo: "0xp", amount: "5", tenant: "0123456789abcdef", webhookUrl: "https://t.example.com/h", webhookFacilitator: true };
+      await store.claim("watched", "d", "exact", "0xpayer", {}, "run", 30_000, terms);
+      await store.claim("quiet", "d", "exact", "0xpayer", {}, "run", 30_000, {});
+      const send = (paymentId: string, hash: Hex) =>
+        store.allocateAndStore({ paymentId, claimOwner: "run", signer, to: signer, data: "0x", gas: 1n, maxFeePerGas: 1n, maxPriorityFeePerGas: 1n, kind: "eip3009_transfer" }, async () => 0, async () => ({ raw: "0x01", hash }));
+      const tx = await send("watched", `0x${"a".repeat(64)}`);
+      const quiet = await send("quiet", `0x${"b".repeat(64)}`);
+      await store.recordMined("watched", tx.id, tx.hash, true, 1n, { blockNumber: 5n, blockHash: "0xb5" });
+      await store.recordMined("quiet", quiet.id, quiet.hash, true, 1n, { blockNumber: 5n, blockHash: "0xb5" });
+      await store.reorged(tx.id, "0xb5"); // its block left the chain: back in flight
+      await store.recordMined("watched", tx.id, tx.hash, false, 1n, { blockNumber: 6n, blockHash: "0xb6" }); // mined again, reverted
+      const events = await db.query<{ payment_id: string; sequence: number; type: string; body: SettlementEvent }>(`SELECT payment_id, sequence, type, body FROM settlement_events WHERE network = $1 ORDER BY id`, [network]);
+      expect(events.map((e) => [e.payment_id, e.sequence, e.type, e.body.status, e.body.transaction])).toEqual([
+        ["watched", 1, "submitted", "pending", tx.hash],
+        ["watched", 2, "confirmed", "settled", tx.hash],
+        ["watched", 3, "reorged", "pending", tx.hash],
+        ["watched", 4, "failed", "failed", tx.hash],
+      ]);
+      expect(events[3]!.body).toMatchObject({ network, paymentId: "watched", tenant: terms.tenant, payTo: "0xp", token: "0xt", amount: "5", errorReason: "invalid_transaction_state" });
+      const deliveries = await db.query<{ sequence: number; target: string; state: string }>(`SELECT sequence, target, state FROM settlement_webhook_deliveries WHERE network = $1 ORDER BY sequence, target`, [network]);
+      expect(deliveries.map((d) => [d.sequence, d.target, d.state])).toEqual([1, 2, 3, 4].flatMap((n) => [[n, "facilitator", "pending"], [n, "tenant", "pending"]]));
+    } finally {
+      await db.query(`DELETE FROM settlement_events WHERE network = $1`, [network]);
+      await db.query(`DELETE FROM settlement_outbox WHERE network = $1`, [network]);
+      await db.query(`DELETE FROM settlement_payments WHERE network = $1`, [network]);
+      await db.query(`DELETE FROM settlement_nonces WHERE network = $1`, [network]);
+      await db.close();
+    }
   });
 });
 
