@@ -74,6 +74,7 @@ const BAD_VALUES: [string[], Record<string, string>, string][] = [
   [["api-key-usage", "--since", "yesterday"], {}, "--since is a UTC day, YYYY-MM-DD"],
   [["api-key-rotate", "--id", "nope"], {}, "--id <16 hex characters> is required"],
   [["api-key-revoke"], {}, "--id <16 hex characters> is required"],
+  [["api-key-webhook-key", "--id", "nope"], {}, "--id <16 hex characters> is required"],
   [["api-key-list", "--admin-url", "router:9420"], {}, "--admin-url must be an http(s) URL"],
 ];
 

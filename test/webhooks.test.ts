@@ -27,6 +27,7 @@ import { acceptTenantWebhook, retryDelayMs } from "../services/facilitator/settl
 import { SETTLEMENT_MIGRATIONS, createSettlementStore } from "../services/facilitator/settlement/store.ts";
 import { openDatabase } from "../services/platform/storage.ts";
 import { DATABASE_URL } from "./helpers/settlement-rig.ts";
+import { runApiKeyCommand } from "../services/tenants/api-key-command.ts";
 import { until } from "./helpers/cluster.ts";
 
 const DOWN_MS = 30_000;
@@ -360,6 +361,9 @@ describe.each(ENGINES)("settlement webhooks on the %s engine", (engine) => {
       const without = (await admin("/admin/v1/api-keys", { name: "quiet" })).json as { key: string; apiKey: { id: string } };
       const shown = (await admin(`/admin/v1/api-keys/${withHook.apiKey.id}/webhook-key`)).json as { webhookKey: string };
       expect(shown.webhookKey).toBe(tenantWebhookKey(secret, withHook.apiKey.id));
+      // The CLI shows the same, through the admin API.
+      const cli = await runApiKeyCommand("api-key-webhook-key", { id: withHook.apiKey.id, "admin-url": router.adminUrl, "admin-token-file": join(dir, "admin.token") }, {});
+      expect(cli).toContain(`: ${shown.webhookKey}\n`);
       hook = receiver(port, shown.webhookKey);
       await hook.up();
       hook.answer();

@@ -106,7 +106,7 @@ export function registerKeyAdmin(app: FastifyInstance, opts: { keys: ApiKeyStore
   route("GET", "/admin/v1/api-keys/:id/webhook-key", async (request) => {
     const id = idOf(request);
     found((await keys.list()).find((k) => k.id === id), id);
-    if (!opts.webhooks?.secret) throw new CodedError("not_found", "this router has no webhook secret (X402_ROUTER_WEBHOOK_SECRET_FILE): it cannot show webhook keys", 404);
+    if (!opts.webhooks?.secret) throw new CodedError("webhook_secret_missing", "this router has no webhook secret (X402_ROUTER_WEBHOOK_SECRET_FILE): it cannot show webhook keys", 409);
     request.log.info({ apiKey: id }, "API key webhook key shown");
     return { apiKey: id, webhookKey: tenantWebhookKey(opts.webhooks.secret, id) };
   });

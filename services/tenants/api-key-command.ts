@@ -7,14 +7,18 @@ import { defineCommand, httpUrl, list, stringFlags, type Command, type FlagSpec 
 import { openDatabase } from "../platform/storage.ts";
 import { CAIP2_PATTERN } from "../x402/networks.ts";
 import { SCHEMES } from "../x402/wire.ts";
-import { webhookOrigin, webhookUrlProblem } from "../x402/webhooks.ts";
+import { tenantWebhookKey, webhookOrigin, webhookUrlProblem } from "../x402/webhooks.ts";
 import { API_KEY_MIGRATIONS, createApiKeyStore, type ApiKeyInfo, type ApiKeyStore, type KeyLimits } from "./api-keys.ts";
 
 /** The flags of every api-key-* command, each taking its own (their help says which). */
 export type ApiKeyFlags = Partial<Record<"name" | "networks" | "schemes" | "id" | "requests-per-minute" | "settlements-per-day" | "gas-budget" | "webhook-url" | "since" | "admin-url" | "admin-token-file", string>>;
 
 /** What the commands do to the keys: the store itself, or a router's admin API standing in for it. */
-type KeyAdmin = Pick<ApiKeyStore, "create" | "setLimits" | "usage" | "list" | "rotate" | "revoke"> & { close(): Promise<void> };
+type KeyAdmin = Pick<ApiKeyStore, "create" | "setLimits" | "usage" | "list" | "rotate" | "revoke"> & {
+  /** The key a key's settlement webhooks are signed with (x402/webhooks.ts); undefined: no such key. */
+  webhookKey(id: string): Promise<string | undefined>;
+  close(): Promise<void>;
+};
 
 /** The key admin API of a router (tenants/admin-api.ts) behind the store's interface; its refusals become the command's error. */
 function httpKeyAdmin(command: string, adminUrl: string, token: string): KeyAdmin {
@@ -49,6 +53,7 @@ function httpKeyAdmin(command: string, adminUrl: string, token: string): KeyAdmi
       return r && { key: r.key, info: r.apiKey };
     },
     revoke: async (id) => (await call<{ apiKey: ApiKeyInfo }>("POST", keyPath(id, "/revoke")))?.apiKey,
+    webhookKey: async (id) => (await call<{ webhookKey: string }>("GET", keyPath(id, "/webhook-key")))?.webhookKey,
     close: async () => undefined,
   };
 }
@@ -70,7 +75,19 @@ async function keyAdminFor(command: string, flags: ApiKeyFlags, env: NodeJS.Proc
   }
   if (!env.DATABASE_URL) throw new Error(`${command}: DATABASE_URL (the routers' PostgreSQL database) or --admin-url (a router's key admin API, with --admin-token-file) is required`);
   const db = await openDatabase({ url: env.DATABASE_URL, migrations: API_KEY_MIGRATIONS });
-  return { ...createApiKeyStore(db, { cacheMs: 0 }), close: () => db.close() };
+  const keys = createApiKeyStore(db, { cacheMs: 0 });
+  const webhookKey = async (id: string) => {
+    const file = env.X402_ROUTER_WEBHOOK_SECRET_FILE;
+    if (!file) throw new Error(`${command}: X402_ROUTER_WEBHOOK_SECRET_FILE (the facilitators' webhook secret) is required to derive a webhook key`);
+    let secret: string;
+    try {
+      secret = readFileSync(file, "utf8").trim();
+    } catch (e) {
+      throw new Error(`${command}: webhook secret file ${file} cannot be read (${(e as NodeJS.ErrnoException).code ?? "error"})`);
+    }
+    return (await keys.list()).some((k) => k.id === id) ? tenantWebhookKey(secret, id) : undefined;
+  };
+  return { ...keys, webhookKey, close: () => db.close() };
 }
 
 /** A limit flag: a non-negative integer, or "none" (no limit); absent: not given. */
@@ -126,7 +143,7 @@ export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env:
     return flags.id;
   };
   // Values first: a typo is refused before the database is opened.
-  if (flags.id !== undefined || ["api-key-limits", "api-key-rotate", "api-key-revoke"].includes(command)) needId();
+  if (flags.id !== undefined || ["api-key-limits", "api-key-rotate", "api-key-revoke", "api-key-webhook-key"].includes(command)) needId();
   limitsOf(flags, {}, env);
   if (flags.since !== undefined && !/^\d{4}-\d{2}-\d{2}$/.test(flags.since)) throw new Error("api-key-usage: --since is a UTC day, YYYY-MM-DD");
   const networks = validList(flags.networks, "network (eip155:<chain id>)", (s) => CAIP2_PATTERN.test(s));
@@ -158,6 +175,11 @@ export async function runApiKeyCommand(command: string, flags: ApiKeyFlags, env:
         const rotated = await store.rotate(needId());
         if (!rotated) throw new Error(`api-key-rotate: no active key ${flags.id}`);
         return `${describe(rotated.info)}\nnew key (shown once; the old one no longer works): ${rotated.key}\n`;
+      }
+      case "api-key-webhook-key": {
+        const key = await store.webhookKey(needId());
+        if (!key) throw new Error(`api-key-webhook-key: no key ${flags.id}`);
+        return `webhook key of ${flags.id} (its settlement webhooks' signatures: docs/facilitator-interface.md#webhooks): ${key}\n`;
       }
       default: {
         const revoked = await store.revoke(needId());
@@ -221,4 +243,10 @@ export const apiKeyClis: Command[] = [
   apiKeyCli("api-key-list", "the keys: id, name, scope, created/rotated/revoked (never a secret)", "", {}),
   apiKeyCli("api-key-rotate", "a new secret for a key (the old one stops working; printed once)", "  --id ID\n", ID),
   apiKeyCli("api-key-revoke", "revoke a key", "  --id ID\n", ID),
+  apiKeyCli(
+    "api-key-webhook-key",
+    "the key a key's settlement webhooks are signed with",
+    "  --id ID   (with DATABASE_URL: env X402_ROUTER_WEBHOOK_SECRET_FILE, the facilitators' webhook secret)\n",
+    ID,
+  ),
 ];
