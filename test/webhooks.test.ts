@@ -11,7 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { erc20Abi, parseEventLogs, parseGwei, type Address, type Hex } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 import { freePort } from "../services/devnet/anvil.ts";
-import { createReplayGuard, signWebhook, tenantWebhookKey, verifyWebhook, webhookHeaders, type SettlementEvent } from "../services/x402/webhooks.ts";
+import { createReplayGuard, signWebhook, tenantWebhookKey, verifyWebhook, webhookHeaders, webhookUrlProblem, type SettlementEvent } from "../services/x402/webhooks.ts";
 import { ENGINES, startRig, type Rig } from "./helpers/settlement-rig.ts";
 import { balanceOf } from "./helpers/chain.ts";
 import { metricSum, nonceOf, publicClient, transferToken } from "./helpers/onchain.ts";
@@ -62,7 +62,10 @@ function receiver(port: number, secret: string) {
       if (mode === "hang") return void hung.add(res);
       const v = verifyWebhook({ body, headers: req.headers, secret, replay });
       // A replay of an event handled before is answered 2xx, not handled again (the sender lost our answer).
-      if (v.ok) accepted.push({ event: v.event, body, headers: req.headers });
+      if (v.ok) {
+        accepted.push({ event: v.event, body, headers: req.headers });
+        v.handled();
+      }
       else if (v.reason === "replayed") duplicates++;
       r.status = v.ok || v.reason === "replayed" ? 200 : 400;
       res.writeHead(r.status).end();
@@ -95,7 +98,12 @@ describe("verifyWebhook", () => {
 
   it("accepts a delivery signed with the key over this body and timestamp, once", () => {
     const replay = createReplayGuard();
-    expect(verifyWebhook({ body, headers, secret, now, replay })).toMatchObject({ ok: true, event: { id: "evt-1" } });
+    const first = verifyWebhook({ body, headers, secret, now, replay });
+    expect(first).toMatchObject({ ok: true, event: { id: "evt-1" } });
+    // Not handled yet (the receiver failed and answered 500): the sender's retry is accepted, not a replay.
+    const retried = verifyWebhook({ body, headers, secret, now: now + 500, replay });
+    expect(retried.ok).toBe(true);
+    if (retried.ok) retried.handled();
     expect(verifyWebhook({ body, headers, secret, now: now + 1000, replay })).toEqual({ ok: false, reason: "replayed" });
     // Headers as fetch's Headers, bytes as the body, and a key list (rotation) work alike.
     expect(verifyWebhook({ body: Buffer.from(body), headers: new Headers(headers), secret: ["other".repeat(8), secret], now }).ok).toBe(true);
@@ -111,6 +119,16 @@ describe("verifyWebhook", () => {
     expect(verifyWebhook({ body, headers: { "x402-webhook-id": "evt-1" }, secret, now })).toEqual({ ok: false, reason: "missing_headers" });
     const other = JSON.stringify({ id: "evt-2" });
     expect(verifyWebhook({ body: other, headers: { ...headers, "x402-webhook-signature": signWebhook(secret, now / 1000, other) }, secret, now })).toEqual({ ok: false, reason: "invalid_body" });
+    // Anyone may send anything: a signature of the right length in characters but not in bytes (a
+    // header's bytes arrive as Latin-1) is refused, never thrown (it crashed a receiver).
+    for (const odd of [`v1=${"a".repeat(63)}\u00e9`, `v1=${"A".repeat(64)}`, "v1=", `v1=${"a".repeat(64)}, v1=\u00e9\u00e9`]) {
+      expect(verifyWebhook({ body, headers: { ...headers, "x402-webhook-signature": odd }, secret, now }), odd).toEqual({ ok: false, reason: "bad_signature" });
+    }
+    // An empty key would accept whatever anyone signs with it: refused as misconfiguration.
+    const signedWithNothing = { ...headers, "x402-webhook-signature": signWebhook("", now / 1000, body) };
+    expect(() => verifyWebhook({ body, headers: signedWithNothing, secret: "", now })).toThrow(/empty webhook key/);
+    expect(() => verifyWebhook({ body, headers: signedWithNothing, secret: [secret, ""], now })).toThrow(/empty webhook key/);
+    expect(() => verifyWebhook({ body, headers: signedWithNothing, secret: [], now })).toThrow(/empty webhook key/);
   });
 
   it("a tenant's key is derived from the fleet secret and the API key id, and differs per tenant", () => {
@@ -127,6 +145,13 @@ describe("webhook configuration", () => {
   writeFileSync(short, "tooshort\n");
   const base = { network: "eip155:8453", rpcUrls: ["http://127.0.0.1:8545"], signerKeys: [generatePrivateKey()] };
   const resolve = (extra: Record<string, unknown>) => resolveFacilitatorConfig({ ...base, ...extra });
+
+  it("a webhook URL is printable ASCII (it travels in a header): a newline or non-ASCII is refused, not a broken settle", () => {
+    for (const url of ["https://hooks.example.com/x402\n", "https://hooks.example.com/\u00e9v\u00e8nements/\u4e2d", "https://hooks.example.com/a b"]) {
+      expect(webhookUrlProblem(url, { allowPrivateNetworks: false }), JSON.stringify(url)).toMatch(/percent-encode/);
+    }
+    expect(webhookUrlProblem("https://hooks.example.com/%C3%A9v?token=abc", { allowPrivateNetworks: false })).toBeUndefined();
+  });
 
   it("is off without a secret; a URL needs the secret, passes the URL rules, and is never echoed", () => {
     expect(resolve({}).webhooks).toBeUndefined();
@@ -309,7 +334,9 @@ describe.each(ENGINES)("settlement webhooks on the %s engine", (engine) => {
     const sent = ofPayment(settledA)[1]!;
     const at = Number(sent.headers["x402-webhook-timestamp"]) * 1000;
     const replay = createReplayGuard();
-    expect(verifyWebhook({ body: sent.body, headers: sent.headers, secret, now: at, replay }).ok).toBe(true);
+    const handled = verifyWebhook({ body: sent.body, headers: sent.headers, secret, now: at, replay });
+    expect(handled.ok).toBe(true);
+    if (handled.ok) handled.handled();
     expect(verifyWebhook({ body: sent.body, headers: sent.headers, secret, now: at, replay })).toEqual({ ok: false, reason: "replayed" });
     expect(verifyWebhook({ body: sent.body, headers: sent.headers, secret: randomBytes(32).toString("hex"), now: at })).toEqual({ ok: false, reason: "bad_signature" });
     expect(verifyWebhook({ body: sent.body.replace('"1000"', '"1"'), headers: sent.headers, secret, now: at })).toEqual({ ok: false, reason: "bad_signature" });

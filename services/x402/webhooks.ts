@@ -74,21 +74,30 @@ export function webhookHeaders(key: string, id: string, body: string, nowMs = Da
 }
 
 /**
- * The ids a receiver accepted, remembered for the tolerance window (a replayed delivery older than
- * that is refused for its timestamp): memory holds at most the window's deliveries.
+ * The ids of events a receiver handled, remembered for the tolerance window (a replayed delivery
+ * older than that is refused for its timestamp): memory holds at most the window's deliveries. An
+ * id is remembered only once its event is handled (verifyWebhook's `handled()`): a delivery whose
+ * handling failed is retried by the sender and must not be refused as a replay.
  */
 export function createReplayGuard(toleranceSeconds = WEBHOOK_TOLERANCE_SECONDS) {
   const seen = new Map<string, number>();
+  const expire = (nowSeconds: number) => {
+    for (const [old, until] of seen) {
+      if (until > nowSeconds) break; // insertion order is expiry order
+      seen.delete(old);
+    }
+  };
   return {
-    /** True when the id was accepted before (a replay); otherwise remembers it. */
-    replayed(id: string, nowSeconds: number): boolean {
-      for (const [old, until] of seen) {
-        if (until > nowSeconds) break; // insertion order is expiry order
-        seen.delete(old);
-      }
-      if (seen.has(id)) return true;
+    /** Whether the event was handled before (a replay). */
+    has(id: string, nowSeconds: number): boolean {
+      expire(nowSeconds);
+      return seen.has(id);
+    },
+    /** Remembers a handled event: a later delivery of it is a replay. */
+    remember(id: string, nowSeconds: number): void {
+      expire(nowSeconds);
+      seen.delete(id);
       seen.set(id, nowSeconds + 2 * toleranceSeconds); // a timestamp may be up to the tolerance ahead, too
-      return false;
     },
   };
 }
@@ -97,7 +106,8 @@ export type ReplayGuard = ReturnType<typeof createReplayGuard>;
 export type WebhookHeaderSource = Headers | Record<string, string | string[] | undefined>;
 
 export type WebhookVerification =
-  | { ok: true; event: SettlementEvent }
+  /** `handled()`: call once the event is handled, so a later delivery of it is refused as a replay. */
+  | { ok: true; event: SettlementEvent; handled(): void }
   | { ok: false; reason: "missing_headers" | "stale_timestamp" | "bad_signature" | "replayed" | "invalid_body" };
 
 export interface VerifyWebhookInput {
@@ -133,10 +143,13 @@ export function verifyWebhook(input: VerifyWebhookInput): WebhookVerification {
   if (Math.abs(nowSeconds - Number(timestamp)) > (input.toleranceSeconds ?? WEBHOOK_TOLERANCE_SECONDS)) return { ok: false, reason: "stale_timestamp" };
   const body = typeof input.body === "string" ? input.body : Buffer.from(input.body).toString("utf8");
   const keys = typeof input.secret === "string" ? [input.secret] : input.secret;
-  const presented = signatures.split(/[\s,]+/).filter((s) => s.startsWith("v1="));
+  // An empty key would accept what anyone signs with it: a receiver missing its key is misconfigured, loudly.
+  if (keys.length === 0 || keys.some((k) => typeof k !== "string" || k.length === 0)) throw new TypeError("verifyWebhook: an empty webhook key verifies nothing; configure the key you were given");
+  // Only well-formed signatures are compared (a header's bytes arrive as Latin-1: a non-ASCII one must not reach the comparison).
+  const presented = signatures.split(/[\s,]+/).filter((s) => /^v1=[0-9a-f]{64}$/.test(s));
   const matches = keys.some((key) => {
-    const expected = Buffer.from(signWebhook(key, Number(timestamp), body));
-    return presented.some((s) => s.length === expected.length && timingSafeEqual(Buffer.from(s), expected));
+    const expected = Buffer.from(signWebhook(key, Number(timestamp), body), "ascii");
+    return presented.some((s) => timingSafeEqual(Buffer.from(s, "ascii"), expected));
   });
   if (!matches) return { ok: false, reason: "bad_signature" };
   let event: SettlementEvent;
@@ -147,8 +160,8 @@ export function verifyWebhook(input: VerifyWebhookInput): WebhookVerification {
   }
   // The signed headers name the event the body is: a body of another event under this id is refused.
   if (event?.id !== id) return { ok: false, reason: "invalid_body" };
-  if (input.replay?.replayed(id, nowSeconds)) return { ok: false, reason: "replayed" };
-  return { ok: true, event };
+  if (input.replay?.has(id, nowSeconds)) return { ok: false, reason: "replayed" };
+  return { ok: true, event, handled: () => input.replay?.remember(id, nowSeconds) };
 }
 
 /**
@@ -158,6 +171,8 @@ export function verifyWebhook(input: VerifyWebhookInput): WebhookVerification {
  */
 export function webhookUrlProblem(url: string, opts: { allowPrivateNetworks: boolean }): string | undefined {
   if (url.length > 2048) return "longer than 2048 characters";
+  // It travels in a header between the router and the facilitators: printable ASCII only (percent-encode the rest).
+  if (!/^[\x21-\x7e]+$/.test(url)) return "has spaces, control or non-ASCII characters (percent-encode them)";
   let parsed: URL;
   try {
     parsed = new URL(url);
