@@ -23,7 +23,7 @@ import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { generatePrivateKey } from "viem/accounts";
 import { facilitatorConfigFromEnv, resolveFacilitatorConfig } from "../services/facilitator/config.ts";
-import { acceptTenantWebhook, retryDelayMs } from "../services/facilitator/settlement/webhooks.ts";
+import { acceptTenantWebhook, facilitatorWebhookKey, retryDelayMs } from "../services/facilitator/settlement/webhooks.ts";
 import { SETTLEMENT_MIGRATIONS, createSettlementStore } from "../services/facilitator/settlement/store.ts";
 import { openDatabase } from "../services/platform/storage.ts";
 import { DATABASE_URL } from "./helpers/settlement-rig.ts";
@@ -162,10 +162,12 @@ describe("webhook configuration", () => {
     for (const bad of [{ webhookUrl: "http://hooks.example.com/x?token=s3cret", webhookSecretFile: good }, { webhookUrl: "https://u:s3cret@hooks.example.com/", webhookSecretFile: good }]) {
       expect(() => resolve(bad)).toThrow(expect.objectContaining({ message: expect.not.stringContaining("s3cret") }));
     }
-    expect(resolve({ webhookUrl: "https://hooks.example.com/x", webhookSecretFile: good }).webhooks).toMatchObject({ url: "https://hooks.example.com/x", secret: "g".repeat(40), allowPrivateNetworks: false, maxAttempts: 40, giveUpAfterMs: 86_400_000 });
+    expect(resolve({ webhookUrl: "https://hooks.example.com/x", webhookSecretFile: good }).webhooks).toMatchObject({ url: "https://hooks.example.com/x", secret: "g".repeat(40), allowPrivateNetworks: false, tenantAllowPrivateNetworks: false, maxAttempts: 40, giveUpAfterMs: 86_400_000 });
     // http (an in-cluster receiver, tests) only where private networks are allowed.
     const env = facilitatorConfigFromEnv({ X402_WEBHOOK_URL: "http://receiver.default.svc/x", X402_WEBHOOK_SECRET_FILE: good, X402_WEBHOOK_ALLOW_PRIVATE_NETWORKS: "true", X402_WEBHOOK_MAX_ATTEMPTS: "5" });
-    expect(resolveFacilitatorConfig(base, env).webhooks).toMatchObject({ url: "http://receiver.default.svc/x", allowPrivateNetworks: true, maxAttempts: 5 });
+    expect(resolveFacilitatorConfig(base, env).webhooks).toMatchObject({ url: "http://receiver.default.svc/x", allowPrivateNetworks: true, tenantAllowPrivateNetworks: false, maxAttempts: 5 });
+    // Tenants' URLs on private addresses: a setting of their own (tests, devnets), never the operator's.
+    expect(resolveFacilitatorConfig(base, facilitatorConfigFromEnv({ X402_WEBHOOK_SECRET_FILE: good, X402_WEBHOOK_TENANT_ALLOW_PRIVATE_NETWORKS: "true" })).webhooks).toMatchObject({ allowPrivateNetworks: false, tenantAllowPrivateNetworks: true });
   });
 
   it("retries back off exponentially from the base to the largest delay, jittered by at most a half", () => {
@@ -183,6 +185,8 @@ describe("webhook configuration", () => {
     expect(acceptTenantWebhook(undefined, "https://t.example.com/")).toBeUndefined();
     expect(acceptTenantWebhook(hooks, "https://t.example.com/x?k=1")).toBe("https://t.example.com/x?k=1");
     expect(acceptTenantWebhook(hooks, "http://127.0.0.1/")).toBeUndefined();
+    expect(acceptTenantWebhook({ ...hooks, allowPrivateNetworks: true }, "http://127.0.0.1/")).toBeUndefined(); // the operator's setting, not tenants'
+    expect(acceptTenantWebhook({ ...hooks, tenantAllowPrivateNetworks: true }, "http://127.0.0.1/")).toBe("http://127.0.0.1/");
     expect(acceptTenantWebhook(hooks, "not a url")).toBeUndefined();
   });
 });
@@ -242,7 +246,9 @@ describe.each(ENGINES)("settlement webhooks on the %s engine", (engine) => {
 
   it("a receiver down for 30 s, then hanging, gets every event afterwards, in order, signed; /settle never waits on it; judged on chain", async () => {
     const port = await freePort();
-    hook = receiver(port, secret);
+    // The facilitator's own receiver verifies with the key derived for it, not the fleet secret.
+    const key = facilitatorWebhookKey(secret);
+    hook = receiver(port, key);
     const f = await rig.facilitator({
       // The URL carries a token: the sender logs only its origin.
       webhookUrl: `http://127.0.0.1:${port}/x402/events?token=${randomBytes(8).toString("hex")}`,
@@ -334,13 +340,14 @@ describe.each(ENGINES)("settlement webhooks on the %s engine", (engine) => {
     const sent = ofPayment(settledA)[1]!;
     const at = Number(sent.headers["x402-webhook-timestamp"]) * 1000;
     const replay = createReplayGuard();
-    const handled = verifyWebhook({ body: sent.body, headers: sent.headers, secret, now: at, replay });
+    const handled = verifyWebhook({ body: sent.body, headers: sent.headers, secret: key, now: at, replay });
     expect(handled.ok).toBe(true);
     if (handled.ok) handled.handled();
-    expect(verifyWebhook({ body: sent.body, headers: sent.headers, secret, now: at, replay })).toEqual({ ok: false, reason: "replayed" });
+    expect(verifyWebhook({ body: sent.body, headers: sent.headers, secret: key, now: at, replay })).toEqual({ ok: false, reason: "replayed" });
+    expect(verifyWebhook({ body: sent.body, headers: sent.headers, secret, now: at })).toEqual({ ok: false, reason: "bad_signature" }); // the fleet secret
     expect(verifyWebhook({ body: sent.body, headers: sent.headers, secret: randomBytes(32).toString("hex"), now: at })).toEqual({ ok: false, reason: "bad_signature" });
-    expect(verifyWebhook({ body: sent.body.replace('"1000"', '"1"'), headers: sent.headers, secret, now: at })).toEqual({ ok: false, reason: "bad_signature" });
-    expect(verifyWebhook({ body: sent.body, headers: sent.headers, secret, now: at + 301_000 })).toEqual({ ok: false, reason: "stale_timestamp" });
+    expect(verifyWebhook({ body: sent.body.replace('"1000"', '"1"'), headers: sent.headers, secret: key, now: at })).toEqual({ ok: false, reason: "bad_signature" });
+    expect(verifyWebhook({ body: sent.body, headers: sent.headers, secret: key, now: at + 301_000 })).toEqual({ ok: false, reason: "stale_timestamp" });
     // Any process of a network delivers its events (replicas share them): this one's ends here.
     await f.close();
   }, 180_000);
@@ -357,7 +364,7 @@ describe.each(ENGINES)("settlement webhooks on the %s engine", (engine) => {
     const f = await rig.facilitator({
       routerTokenFile: join(dir, "router.token"),
       webhookSecretFile: join(dir, "webhook.secret"), // no webhookUrl: tenants' receivers only
-      webhookAllowPrivateNetworks: true,
+      webhookTenantAllowPrivateNetworks: true, // the tenant's receiver is on loopback (tests only)
       webhookRetryBaseMs: 100,
       webhookRetryMaxMs: 500,
       webhookPollMs: 100,

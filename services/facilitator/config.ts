@@ -91,10 +91,12 @@ export interface FacilitatorConfig {
 export interface WebhookConfig {
   /** This facilitator's own receiver of every payment's events; unset: tenants' URLs only. It may carry a token: never logged. */
   url?: string;
-  /** The fleet's webhook secret (X402_WEBHOOK_SECRET_FILE): signs the facilitator's events, and derives each tenant's key. */
+  /** The fleet's webhook secret (X402_WEBHOOK_SECRET_FILE): derives the facilitator's own receiver's key and each tenant's. */
   secret: string;
-  /** Receivers on loopback or private addresses, and over plain http (an in-cluster receiver, tests). */
+  /** The facilitator's own receiver (`url`) may be on loopback or private addresses, over plain http (in-cluster, tests). Never tenants'. */
   allowPrivateNetworks: boolean;
+  /** Tenants' URLs too (X402_WEBHOOK_TENANT_ALLOW_PRIVATE_NETWORKS): tests and devnets only, never a shared deployment. */
+  tenantAllowPrivateNetworks?: boolean;
   /** Bound of one POST, headers and body. */
   timeoutMs: number;
   /** Retries back off exponentially from the first delay to the largest, with jitter. */
@@ -149,6 +151,7 @@ const fileSchema = z
     webhookUrl: z.string(),
     webhookSecretFile: z.string(),
     webhookAllowPrivateNetworks: z.boolean(),
+    webhookTenantAllowPrivateNetworks: z.boolean(),
     webhookTimeoutMs: z.number().int().min(100).max(120_000),
     webhookRetryBaseMs: z.number().int().min(10).max(3_600_000),
     webhookRetryMaxMs: z.number().int().min(10).max(86_400_000),
@@ -241,6 +244,7 @@ export function facilitatorConfigFromEnv(env: NodeJS.ProcessEnv): FacilitatorCon
     webhookUrl: env.X402_WEBHOOK_URL || undefined,
     webhookSecretFile: env.X402_WEBHOOK_SECRET_FILE || undefined,
     webhookAllowPrivateNetworks: env.X402_WEBHOOK_ALLOW_PRIVATE_NETWORKS ? env.X402_WEBHOOK_ALLOW_PRIVATE_NETWORKS === "true" : undefined,
+    webhookTenantAllowPrivateNetworks: env.X402_WEBHOOK_TENANT_ALLOW_PRIVATE_NETWORKS ? env.X402_WEBHOOK_TENANT_ALLOW_PRIVATE_NETWORKS === "true" : undefined,
     webhookTimeoutMs: num("X402_WEBHOOK_TIMEOUT_MS"),
     webhookRetryBaseMs: num("X402_WEBHOOK_RETRY_BASE_MS"),
     webhookRetryMaxMs: num("X402_WEBHOOK_RETRY_MAX_MS"),
@@ -386,6 +390,7 @@ function webhookConfigOf(c: z.infer<typeof fileSchema>): WebhookConfig | undefin
     url: c.webhookUrl,
     secret,
     allowPrivateNetworks,
+    tenantAllowPrivateNetworks: c.webhookTenantAllowPrivateNetworks ?? false,
     timeoutMs: c.webhookTimeoutMs ?? 10_000,
     retryBaseMs: c.webhookRetryBaseMs ?? 1000,
     retryMaxMs: c.webhookRetryMaxMs ?? 3_600_000,

@@ -53,6 +53,29 @@ BEGIN
   RETURN NULL;
 END $$`.replace(/;\s*\n\s*/g, "; ");
 
+/**
+ * SQL: migration 016's trigger function, 013's with two changes. A payment's sequence is kept on its
+ * row (`webhook_sequence`), so pruning its old events never restarts it at 1. A delivery behind an
+ * earlier pending one of its payment and receiver is written blocked (`next_attempt_at` infinity)
+ * and released by the worker when that one ends (webhooks.ts): blocked rows are never "due", and a
+ * claim reads only the due index's front, however many are blocked.
+ */
+const EVENT_FUNCTION_016 = EVENT_FUNCTION.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
+  .replace(
+    "SELECT COALESCE(max(sequence), 0) + 1 INTO seq FROM settlement_events WHERE network = NEW.network AND payment_id = NEW.payment_id; ",
+    "SELECT GREATEST(COALESCE(max(sequence), 0), NEW.webhook_sequence) + 1 INTO seq FROM settlement_events WHERE network = NEW.network AND payment_id = NEW.payment_id; " +
+      "UPDATE settlement_payments SET webhook_sequence = seq WHERE network = NEW.network AND payment_id = NEW.payment_id AND digest = NEW.digest; ",
+  )
+  .replace(
+    /INSERT INTO settlement_webhook_deliveries \(event, target, network, payment_id, sequence\)\s+SELECT ev, t, NEW\.network, NEW\.payment_id, seq FROM unnest\(/,
+    "INSERT INTO settlement_webhook_deliveries (event, target, network, payment_id, sequence, next_attempt_at) SELECT ev, r.t, NEW.network, NEW.payment_id, seq, " +
+      "CASE WHEN EXISTS (SELECT 1 FROM settlement_webhook_deliveries b WHERE b.network = NEW.network AND b.payment_id = NEW.payment_id AND b.target = r.t AND b.state = 'pending') THEN 'infinity'::timestamptz ELSE now() END FROM unnest(",
+  )
+  .replace("AS t WHERE t IS NOT NULL; ", "AS r(t) WHERE r.t IS NOT NULL; ");
+if (EVENT_FUNCTION_016 === EVENT_FUNCTION || !EVENT_FUNCTION_016.includes("webhook_sequence = seq") || !EVENT_FUNCTION_016.includes("'infinity'") || !EVENT_FUNCTION_016.includes("AS r(t)")) {
+  throw new Error("settlement/016: the trigger function of 013 changed; update its rewrite");
+}
+
 export const SETTLEMENT_MIGRATIONS: Migration[] = [
   {
     id: "settlement/001_outbox",
@@ -350,6 +373,18 @@ CREATE TABLE settlement_refusals (
   PRIMARY KEY (network, payment_id, request, tenant)
 );
 CREATE INDEX settlement_refusals_age ON settlement_refusals (network, updated_at)`,
+  },
+  {
+    // Webhook review: deliveries blocked behind an earlier pending one are never due (the worker
+    // releases the next when one ends), so a claim's cost does not grow with a failing receiver's
+    // backlog; a payment's event sequence survives the pruning of its events.
+    id: "settlement/016_webhook_blocked_sequence",
+    sql: `
+ALTER TABLE settlement_payments ADD COLUMN webhook_sequence integer NOT NULL DEFAULT 0;
+UPDATE settlement_payments p SET webhook_sequence = s.n FROM (SELECT network, payment_id, max(sequence) AS n FROM settlement_events GROUP BY network, payment_id) s WHERE p.network = s.network AND p.payment_id = s.payment_id;
+UPDATE settlement_webhook_deliveries d SET next_attempt_at = 'infinity' WHERE d.state = 'pending'
+  AND EXISTS (SELECT 1 FROM settlement_webhook_deliveries y WHERE y.network = d.network AND y.payment_id = d.payment_id AND y.target = d.target AND y.state = 'pending' AND y.sequence < d.sequence);
+${EVENT_FUNCTION_016}`,
   },
 ];
 
