@@ -506,6 +506,10 @@ export function buildStatus(fn: FacilitatorNetwork, obs: Observation, dep: Deplo
   if (obs.chainId !== undefined) status.chainId = obs.chainId;
   if (obs.signers) status.signers = obs.signers;
   if (ready && dep) status.kinds = servedKinds(fn, dep);
+  // A network that served and has no available pod for now (a pod restarted, a Recreate rollout)
+  // keeps its kinds and so its routing entry: the router answers 503 (try again) while nothing
+  // serves, never 400 "no facilitator", a final answer to a valid (or already paid) payment.
+  else if (dep && !obs.blocker && fn.status?.kinds?.length) status.kinds = fn.status.kinds;
   return status;
 }
 
@@ -624,12 +628,12 @@ export function networkOwner(fns: readonly FacilitatorNetwork[], network: string
     .sort((a, b) => Number(isReady(b)) - Number(isReady(a)) || olderFirst(a, b))[0];
 }
 
-/** Every Ready, not-deleting network with its Service address, kinds and signers, ordered by chain id. */
+/** Every not-deleting network with kinds (Ready, or served and waiting for a pod) with its Service address, kinds and signers, ordered by chain id. */
 export function buildRoutingTable(fns: readonly FacilitatorNetwork[], clusterDomain: string): RoutingTable {
   const seen = new Set<string>();
   const backends: RoutingTable["backends"] = [];
   for (const fn of [...fns].sort(olderFirst)) {
-    if (fn.metadata.deletionTimestamp || !isReady(fn) || !fn.status?.kinds?.length) continue;
+    if (fn.metadata.deletionTimestamp || !fn.status?.kinds?.length) continue;
     if (seen.has(fn.spec.network)) continue;
     seen.add(fn.spec.network);
     backends.push({

@@ -34,6 +34,7 @@ import {
   secretsDigest,
   sameStatus,
   transitionEvents,
+  conditionOf,
   type DeploymentState,
 } from "../operator/builders.ts";
 import { checkInputs, fetchChainId, type CheckDeps } from "../operator/checks.ts";
@@ -423,6 +424,19 @@ describe("the routing table", () => {
     expect(networkOwner([olderNotReady, duplicate], "eip155:8453")!.metadata.uid).toBe("uid-dup");
     expect(networkOwner([olderNotReady, network({}, { uid: "uid-x" })], "eip155:8453")!.metadata.uid).toBe("uid-early");
     expect(buildRoutingTable([], "cluster.local")).toEqual({ backends: [] });
+  });
+
+  it("keeps a network that served while it has no available pod (a pod restarted, a Recreate rollout), so the router answers 503 rather than 400; a new or blocked one is not listed", () => {
+    const unavailable: DeploymentState = { ...available, readyReplicas: 0, availableReplicas: 0, available: false };
+    const served = ready(network());
+    const waiting = { ...served, status: buildStatus(served, {}, unavailable, ctx) };
+    expect(conditionOf(waiting.status, "Ready")).toMatchObject({ status: "False", reason: "DeploymentUnavailable" });
+    expect(waiting.status!.kinds).toEqual(served.status!.kinds);
+    expect(buildRoutingTable([waiting], "cluster.local").backends.map((b) => b.network)).toEqual(["eip155:8453"]);
+    const fresh = { ...network(), status: buildStatus(network(), {}, unavailable, ctx) };
+    expect(buildRoutingTable([fresh], "cluster.local")).toEqual({ backends: [] });
+    const blocked = { ...served, status: buildStatus(waiting, { blocker: { reason: "SignerSecretNotFound", message: "" } }, unavailable, ctx) };
+    expect(buildRoutingTable([blocked], "cluster.local")).toEqual({ backends: [] });
   });
 });
 
