@@ -116,6 +116,48 @@ describe("settlement status", () => {
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(300n);
   });
 
+  it("a settlement reorged into a new block that is not yet as deep as the finality target is not settled again until it is", async () => {
+    rig = await startRig();
+    const f = await rig.facilitator({ confirmations: 2 });
+    const body = await rig.payment(400n);
+    const answering = postJson(`${f.url}/settle`, body);
+    // Success waits for depth 2: one more block after the transaction's.
+    await eventually(async () => ((await balanceOf(rig!.anvil.rpcUrl, rig!.usdc.address, rig!.receiver)) === 400n ? true : undefined), 100, 100);
+    await rig.test.mine({ blocks: 1 });
+    const answer = (await answering).json;
+    expect(answer, JSON.stringify(answer)).toMatchObject({ success: true });
+    const hash = answer.transaction as Hex;
+    const raw = await rpc<Hex>(rig.anvil.rpcUrl, "eth_getRawTransactionByHash", [hash]);
+    // Both blocks replaced; the transaction included again in the new head only (depth 1 of 2).
+    await rig.test.setAutomine(false);
+    await rpc(rig.anvil.rpcUrl, "anvil_reorg", [2, [[raw, 1]]]);
+    const receipt = await publicClient(rig.anvil.rpcUrl).getTransactionReceipt({ hash });
+    expect(receipt.status).toBe("success");
+    expect((await publicClient(rig.anvil.rpcUrl).getBlockNumber()) - receipt.blockNumber + 1n).toBe(1n);
+    const byHash = `${f.url}/settlements/status?network=${rig.network}&transaction=${hash}`;
+    await eventually(async () => {
+      await f.reconciler.pass();
+      const s = (await get(byHash)).json;
+      return s.reorgedFrom === "succeeded" || s.state === "reorged" ? s : undefined;
+    }, 50, 100);
+    await f.reconciler.pass();
+    await f.reconciler.pass();
+    const shallow = (await get(byHash)).json;
+    expect(shallow.status).not.toBe("settled");
+    // /settle agrees: pending (with its latest attempt's hash), not the stale success.
+    expect((await postJson(`${f.url}/settle`, body)).json).toMatchObject({ success: false, errorReason: "settlement_pending" });
+    // One block more: as deep as the target, recorded, settled.
+    await rig.test.mine({ blocks: 1 });
+    await rig.test.setAutomine(true);
+    const settled = await eventually(async () => {
+      await f.reconciler.pass();
+      const s = (await get(byHash)).json;
+      return s.status === "settled" ? s : undefined;
+    }, 50, 100);
+    expect(settled).toMatchObject({ state: "confirmed", transaction: hash, blockNumber: receipt.blockNumber.toString(), blockHash: receipt.blockHash });
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(400n);
+  });
+
   it("a refused payment reads failed with its reason, only to whoever holds it; nothing was sent", async () => {
     rig = await startRig();
     const f = await rig.facilitator();

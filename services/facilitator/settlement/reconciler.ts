@@ -340,11 +340,9 @@ export function startReconciler(opts: ReconcilerOptions) {
     if (!row) return; // another reconciler handled it
     opts.metrics.reorged.inc({ network });
     logger.warn({ signer: tx.signer, nonce: tx.nonce, hash: row.hash, block: tx.mined_block_number }, "a mined settlement transaction left the canonical chain; sending it again");
-    if (receipt) {
-      // Already included again in the new chain: record where.
-      await store.recordMined(row.payment_id, row.id, receipt.transactionHash, receipt.status === "success", undefined, { blockNumber: receipt.blockNumber, blockHash: receipt.blockHash });
-      return;
-    }
+    // Already included again in the new chain: recorded like any sent transaction, once its block is
+    // canonical and `confirmations` deep (findMined, next passes), never before (a success answered early).
+    if (receipt) return;
     await handle(row, await signer.send(row));
   }
 
