@@ -32,8 +32,9 @@ try {
 // here (cached by version: a later run is a stat). Elsewhere those suites skip with a hint.
 if (process.env.CI === "true" && process.env.npm_lifecycle_event === "pretest") {
   execSync("bash scripts/build-control-plane.sh", { stdio: ["ignore", "ignore", "inherit"] });
-  // and a real node's parts (kubelet from the same module and caches: about a minute more; the pause
-  // image; containerd, runc and CNI plugins from Debian's packages), for the node suite
+  // and a real node's parts (kubelet and kube-proxy from the same module and caches, CoreDNS from its
+  // module: a few minutes more; the pause image; containerd, runc, CNI plugins and nft from Debian's
+  // packages), for the node and cluster-e2e suites
   execSync("bash scripts/build-node.sh", { stdio: ["ignore", "ignore", "inherit"] });
   // and Prometheus with promtool, for the monitoring suites (dashboards on a real Prometheus, alert unit tests)
   execSync("bash scripts/build-prometheus.sh", { stdio: ["ignore", "ignore", "inherit"] });

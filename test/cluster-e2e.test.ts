@@ -1,0 +1,273 @@
+// The chart on a real node, end to end, as a platform team runs it: a control plane advertising
+// this host's address, one real node (containerd, runc, kubelet) with Service networking
+// (kube-proxy in nftables mode, CoreDNS) and the image built here imported (test/helpers/node.ts),
+// then `helm install` of charts/x402-fleet with that image: operator (two replicas, leader
+// election, in its pods under the chart's ServiceAccount, reaching kube-apiserver through the
+// `kubernetes` Service), router (its Service as a NodePort), hub and wallets (PostgreSQL on this
+// host, offered to the pods at the node IP). A FacilitatorNetwork for a devnet chain (anvil on this
+// host, at the node IP) turns Ready because its pod passes the kubelet's readiness probe; a payment
+// signed by the reference client (@x402/evm) is sent to the router's NodePort, which reaches the
+// facilitator by its Service's DNS name, and settles: judged on chain (receipt, both balances).
+// Then operations under payment load (careful clients re-sending each payment until a final
+// answer): the facilitator pod deleted while settles are in flight (its Recreate rollout brings a
+// new pod onto the same store) and a `helm upgrade` rolling every Deployment of the chart. Judged
+// on chain by the chaos harness's rules (test/helpers/chaos.ts): every payment told success is its
+// transfer on chain, once; no caller of a paid payment told failure; no valid payment refused.
+// With CI=true a missing node, image or control plane fails the suite; elsewhere it is skipped with one line.
+import { randomBytes } from "node:crypto";
+import { readdirSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import pg from "pg";
+import { privateKeyToAccount } from "viem/accounts";
+import { createPublicClient, http, type Address, type Hex } from "viem";
+import { ExactEvmScheme as ExactEvmClient } from "@x402/evm/exact/client";
+import { startTestDevnet } from "./helpers/devnet.ts";
+import { postJson } from "./helpers/payments.ts";
+import { balanceOf, receiptStatus } from "./helpers/chain.ts";
+import { describeWithControlPlane } from "./helpers/control-plane.ts";
+import { carefulSettle, judge, type Payment } from "./helpers/chaos.ts";
+import { clusterOf, condition, until, type Cluster } from "./helpers/cluster.ts";
+import { CHART, helmOn } from "./helpers/helm.ts";
+import { PG_URL } from "./helpers/hub.ts";
+import { imageAvailability, imageBuild } from "./helpers/image.ts";
+import { hostAddress, nodeAvailability, startNode, type HostPort, type RealNode } from "./helpers/node.ts";
+import type { RunningDevnet } from "../services/devnet/devnet.ts";
+
+const SUITE = "the chart on a real node";
+const NS = "x402-system"; // the release's namespace, which the operator serves by default
+const RELEASE = "fleet";
+const FULLNAME = "fleet-x402-fleet";
+const STORAGE_CLASS = "node-local";
+// several pods starting from one image on a loaded machine (the image's start, embedded stores, probes)
+const READY_MS = 600_000;
+
+const nodeCheck = nodeAvailability(SUITE);
+const imageCheck = nodeCheck.run ? imageAvailability(SUITE) : { run: false };
+const fail = nodeCheck.fail ?? imageCheck.fail;
+if (fail) {
+  describe(SUITE, () => {
+    it("has a node and the x402-fleet image (CI=true)", () => {
+      throw new Error(fail);
+    });
+  });
+} else if (!nodeCheck.run || !imageCheck.run) {
+  describe.skip(SUITE, () => undefined);
+} else {
+  describeWithControlPlane(SUITE, { controllers: true, address: hostAddress }, (cp) => {
+    let node: RealNode;
+    let cluster: Cluster;
+    let devnet: RunningDevnet & { dir: string };
+    let rpc: HostPort;
+    let postgres: HostPort;
+    let helm: ReturnType<typeof helmOn>;
+    let image: string;
+    const databases = [`x402_e2e_hub_${randomBytes(4).toString("hex")}`, `x402_e2e_wallets_${randomBytes(4).toString("hex")}`];
+    const admin = () => new pg.Client({ connectionString: PG_URL });
+    const sql = async (text: string) => {
+      const c = admin();
+      await c.connect();
+      try {
+        await c.query(text);
+      } finally {
+        await c.end();
+      }
+    };
+
+    beforeAll(async () => {
+      const built = imageBuild();
+      if (!("image" in built)) throw new Error(built.missing);
+      image = built.image;
+      const archive = join(built.dir, readdirSync(built.dir).find((f) => f.endsWith(".oci.tar"))!);
+      cluster = clusterOf(cp());
+      helm = helmOn(cp().kubeconfigPath);
+      // side by side, and whatever started is kept for afterAll even when the other failed
+      const started = await Promise.allSettled([startNode(cp(), { images: [archive], services: true }), startTestDevnet(["eip155:8453"])]);
+      if (started[0].status === "fulfilled") node = started[0].value;
+      if (started[1].status === "fulfilled") devnet = started[1].value;
+      for (const s of started) if (s.status === "rejected") throw s.reason;
+      rpc = await node.expose(Number(new URL(devnet.info.networks[0]!.rpcUrl).port));
+      postgres = await node.expose(Number(new URL(PG_URL).port || 5432));
+      for (const db of databases) await sql(`CREATE DATABASE ${db}`);
+      await node.localVolume("base-store", STORAGE_CLASS);
+    }, 600_000);
+
+    afterAll(async () => {
+      await node?.stop();
+      await devnet?.stop();
+      for (const db of databases) await sql(`DROP DATABASE IF EXISTS ${db} WITH (FORCE)`).catch(() => undefined);
+    }, 240_000);
+
+    const pods = async (component: string) => (await cluster.core.listNamespacedPod({ namespace: NS, labelSelector: `app.kubernetes.io/component=${component}` })).items;
+    const explain = (component: string) => async (e: Error) => {
+      const list = await pods(component).catch(() => []);
+      const logs = list.map((p) => `--- ${p.metadata!.name} ${JSON.stringify(p.status?.containerStatuses ?? p.status?.conditions)}\n${node.containerLog(NS, p.metadata!.name!, component).slice(-3000)}`);
+      throw new Error(`${e.message}\n${logs.join("\n")}\n--- kubelet ---\n${node.logOf("kubelet")}\n--- kube-proxy ---\n${node.logOf("kube-proxy")}\n--- coredns ---\n${node.logOf("coredns")}`);
+    };
+    const dbUrl = (db: string) => `postgres://postgres@${postgres.host}/${db}`;
+
+    it("helm install with the image built here: every Deployment available on the real node; the operator in its pods, under the chart's ServiceAccount, holds its Lease", async () => {
+      await cluster.ensureNamespace(NS);
+      await cluster.putSecret(NS, "wallets-master", { "master-keys": `k1:${randomBytes(32).toString("hex")}\n` });
+      const [repository, tag] = [image.slice(0, image.lastIndexOf(":")), image.slice(image.lastIndexOf(":") + 1)];
+      const out = await helm(["install", RELEASE, CHART, "--namespace", NS, "--wait", "--timeout", `${READY_MS / 1000}s`], {
+        image: { repository, tag },
+        operator: { allowPrivateRpc: true }, // the devnet chain is at the node's address
+        router: { replicas: 2, service: { type: "NodePort" } },
+        hub: { replicas: 1, database: { url: dbUrl(databases[0]!) } },
+        wallets: { enabled: true, replicas: 1, masterKeys: { existingSecret: "wallets-master" }, database: { url: dbUrl(databases[1]!) } },
+      });
+      expect(out).toContain("STATUS: deployed");
+
+      const deployments = (await cluster.apps.listNamespacedDeployment({ namespace: NS })).items;
+      expect(deployments.map((d) => d.metadata!.name).sort()).toEqual([`${FULLNAME}-hub`, `${FULLNAME}-operator`, `${FULLNAME}-router`, `${FULLNAME}-wallets`]);
+      for (const d of deployments) expect(d.status!.availableReplicas).toBe(d.spec!.replicas);
+      const all = (await cluster.core.listNamespacedPod({ namespace: NS })).items;
+      expect(all.length).toBe(6);
+      for (const p of all) {
+        expect(p.spec!.nodeName).toBe(node.name);
+        expect(p.status!.containerStatuses![0]).toMatchObject({ ready: true, image });
+        expect(p.status!.containerStatuses![0]!.containerID).toMatch(/^containerd:\/\//);
+      }
+      // the operator's pods run as the chart's ServiceAccount, and one of them leads: it reached
+      // kube-apiserver from its pod (the `kubernetes` Service, through kube-proxy) with that token
+      const operators = await pods("operator");
+      for (const p of operators) expect(p.spec!.serviceAccountName).toBe(`${FULLNAME}-operator`);
+      const lease = await until(async () => (await cluster.coordination.readNamespacedLease({ namespace: NS, name: `${FULLNAME}-operator` })).spec?.holderIdentity, "the operator's Lease held");
+      expect(operators.map((p) => p.metadata!.name)).toContain(lease);
+    }, READY_MS + 60_000);
+
+    let routerUrl: string;
+    /** A payment as a client of a resource server makes it: the reference client signs for the requirements. */
+    const paymentBody = async (payerKey: Hex, amount: bigint) => {
+      const net = devnet.info.networks[0]!;
+      const asset = net.assets.find((a) => a.transferMethods.includes("eip3009"))!;
+      const payTo = devnet.info.receivers[0]!.address as Address;
+      const requirements = { scheme: "exact", network: net.network, asset: asset.address, amount: amount.toString(), payTo, maxTimeoutSeconds: 60, extra: { name: asset.eip712!.name, version: asset.eip712!.version } };
+      const created = await new ExactEvmClient(privateKeyToAccount(payerKey)).createPaymentPayload(2, requirements as never);
+      const nonce = (created.payload as { authorization: { nonce: Hex } }).authorization.nonce;
+      return { body: { x402Version: 2, paymentPayload: { ...created, accepted: requirements }, paymentRequirements: requirements }, asset, payTo, nonce };
+    };
+    it("a FacilitatorNetwork for the devnet chain turns Ready by its pod's readiness; a payment signed by the reference client, sent to the router's NodePort, settles on chain", async () => {
+      const net = devnet.info.networks[0]!;
+      const signerKeys = readFileSync(join(devnet.dir, "keys", `${net.chainId}.key`), "utf8");
+      await cluster.putSecret(NS, "base-signer", { "signer-keys": signerKeys });
+      await cluster.putSecret(NS, "base-rpc", { url: `http://${rpc.host}${new URL(net.rpcUrl).pathname}` });
+      await cluster.createNetwork(NS, "base", {
+        network: net.network,
+        rpc: [{ secretKeyRef: { name: "base-rpc", key: "url" } }],
+        signerSecretRef: { name: "base-signer" },
+        schemes: ["exact"],
+        storage: { storageClassName: STORAGE_CLASS, size: "1Gi" },
+      });
+      const ready = await until(async () => {
+        const fn = await cluster.getNetwork(NS, "base");
+        return condition(fn, "Ready")?.status === "True" ? fn : undefined;
+      }, "the network Ready", READY_MS).catch(explain("facilitator"));
+      expect(ready.status!.signers).toEqual(net.signers);
+      const [facilitator] = await pods("facilitator");
+      expect(facilitator!.spec!.nodeName).toBe(node.name);
+      expect(facilitator!.status!.conditions!.find((c) => c.type === "Ready")?.status).toBe("True"); // the kubelet's probe
+
+      // the router's Service as a resource server reaches the ingress: the NodePort at the node IP
+      const service = await cluster.core.readNamespacedService({ namespace: NS, name: `${FULLNAME}-router` });
+      const nodePort = service.spec!.ports!.find((p) => p.name === "http")!.nodePort!;
+      routerUrl = `http://${node.ip}:${nodePort}/v2`;
+      // each router pod reloads the routing table the operator wrote (a ConfigMap volume the kubelet
+      // refreshes on its own schedule, pod by pod): asked at each pod's address until all list the network
+      const routers = await pods("router");
+      expect(routers).toHaveLength(2);
+      type Supported = { kinds: { x402Version: number; scheme: string; network: string }[] };
+      const listed = async (url: string) => {
+        const body = (await (await fetch(`${url}/supported`, { signal: AbortSignal.timeout(5000) })).json()) as Supported;
+        return body.kinds.some((k) => k.network === net.network) ? body : undefined;
+      };
+      for (const p of routers) await until(() => listed(`http://${p.status!.podIP}:4020/v2`), `the network in router pod ${p.metadata!.name}'s /supported`, 180_000).catch(explain("router"));
+      const supported = await until(() => listed(routerUrl), "the network in /supported through the NodePort");
+      expect(supported.kinds.filter((k) => k.network === net.network)).toEqual([{ x402Version: 2, scheme: "exact", network: net.network }]);
+
+      const payer = privateKeyToAccount(devnet.info.payers[0]!.privateKey);
+      const amount = 7919n;
+      const { body, asset, payTo } = await paymentBody(devnet.info.payers[0]!.privateKey, amount);
+      const [payerBefore, payeeBefore] = [await balanceOf(net.rpcUrl, asset.address, payer.address), await balanceOf(net.rpcUrl, asset.address, payTo)];
+
+      // router pod → base-facilitator.x402-system.svc.cluster.local (CoreDNS) → its ClusterIP (kube-proxy) → the pod
+      const settle = await postJson(`${routerUrl}/settle`, body).catch(explain("router"));
+      expect(settle.status).toBe(200);
+      expect(settle.json).toMatchObject({ success: true, network: net.network, payer: payer.address });
+      expect(await receiptStatus(net.rpcUrl, settle.json.transaction as `0x${string}`)).toBe("success");
+      expect(await balanceOf(net.rpcUrl, asset.address, payer.address)).toBe(payerBefore - amount);
+      expect(await balanceOf(net.rpcUrl, asset.address, payTo)).toBe(payeeBefore + amount);
+    }, READY_MS + 300_000);
+
+    it("under payment load, a facilitator pod deleted mid-settlement and a helm upgrade rolling every Deployment: each payment told success is its transfer on chain, once; no paid payment told failure", async () => {
+      const net = devnet.info.networks[0]!;
+      const chain = createPublicClient({ transport: http(net.rpcUrl) });
+      const payTo = devnet.info.receivers[0]!.address as Address;
+      const { asset } = await paymentBody(devnet.info.payers[0]!.privateKey, 1n);
+      const startBalances = [await balanceOf(net.rpcUrl, asset.address, payTo)];
+      const payments: Payment[] = [];
+      let inFlight = 0;
+      let loading = true;
+      const successes = () => payments.filter((p) => p.callers.some((c) => c.final?.success)).length;
+      // three careful clients, each paying again as soon as its payment has a final answer
+      const clients = [0, 1, 2].map(async (i) => {
+        const payerKey = devnet.info.payers[i % devnet.info.payers.length]!.privateKey;
+        while (loading) {
+          const amount = 10_000n + BigInt(payments.length);
+          const { body, nonce } = await paymentBody(payerKey, amount);
+          const payment: Payment = { id: payments.length, from: privateKeyToAccount(payerKey).address, nonce, payTo, amount, body, callers: [] };
+          payments.push(payment);
+          inFlight++;
+          payment.callers.push(await carefulSettle(routerUrl, JSON.stringify(body), 300_000));
+          inFlight--;
+        }
+      });
+      try {
+        await until(() => successes() >= 3 || undefined, "payments settling before the operations", 120_000);
+
+        // the facilitator pod deleted while a settle is in flight; a new one (Recreate, same claim) takes over
+        const [before] = await pods("facilitator");
+        await until(() => inFlight > 0 || undefined, "a settle in flight");
+        await cluster.core.deleteNamespacedPod({ namespace: NS, name: before!.metadata!.name! });
+        await until(async () => {
+          const [p] = await pods("facilitator");
+          return p && p.metadata!.uid !== before!.metadata!.uid && p.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True") ? p : undefined;
+        }, "a new facilitator pod Ready", READY_MS).catch(explain("facilitator"));
+        const afterDelete = successes();
+        await until(() => successes() >= afterDelete + 3 || undefined, "payments settling through the new pod", 180_000);
+
+        // helm upgrade: a changed pod template for every Deployment of the chart, rolled one pod at a time
+        const rollout = { podAnnotations: { "x402fleet.io/rollout": randomBytes(4).toString("hex") } };
+        const chartDeployments = async () => (await cluster.apps.listNamespacedDeployment({ namespace: NS, labelSelector: `app.kubernetes.io/instance=${RELEASE}` })).items;
+        const deploymentsBefore = (await chartDeployments()).map((d) => [d.metadata!.name!, d.metadata!.generation!] as const);
+        expect(deploymentsBefore.length).toBe(4);
+        const upgraded = await helm(["upgrade", RELEASE, CHART, "--namespace", NS, "--reuse-values", "--wait", "--timeout", `${READY_MS / 1000}s`], { router: rollout, operator: rollout, hub: rollout, wallets: rollout });
+        expect(upgraded).toContain("STATUS: deployed");
+        for (const [name, generation] of deploymentsBefore) {
+          const d = await cluster.apps.readNamespacedDeployment({ namespace: NS, name });
+          expect(d.metadata!.generation).toBeGreaterThan(generation);
+          expect(d.status).toMatchObject({ updatedReplicas: d.spec!.replicas, availableReplicas: d.spec!.replicas });
+        }
+        const afterUpgrade = successes();
+        await until(() => successes() >= afterUpgrade + 3 || undefined, "payments settling after the upgrade", 180_000);
+      } finally {
+        loading = false;
+        await Promise.all(clients);
+      }
+
+      const { violations, settledOnChain } = await judge({
+        chain: chain as never,
+        token: asset.address,
+        payments,
+        receivers: [payTo],
+        startBalances,
+        endBalances: [await balanceOf(net.rpcUrl, asset.address, payTo)],
+        findings: { unhandled: [], exits: [] },
+      });
+      expect(violations).toEqual([]);
+      expect(settledOnChain).toBe(successes());
+      expect(payments.every((p) => p.callers.every((c) => c.final?.success))).toBe(true);
+    }, 2 * READY_MS + 600_000);
+  });
+}
