@@ -273,7 +273,8 @@ describe.each(ENGINES)("identifier scopes in the store (%s)", (engine) => {
       await binding("id-sweep", receiver.toLowerCase(), "sweep-1"); // a sweep's binding names no payment row (its row is the unique id)
       await binding("id-claim", "", "claim-1");
 
-      expect(await migrate(db, SETTLEMENT_MIGRATIONS)).toEqual(["settlement/011_identifier_scope"]);
+      const through011 = SETTLEMENT_MIGRATIONS.slice(0, SETTLEMENT_MIGRATIONS.findIndex((m) => m.id === "settlement/011_identifier_scope") + 1);
+      expect(await migrate(db, through011)).toEqual(["settlement/011_identifier_scope"]);
       const rows = await db.query<{ scope: string; identifier: string }>(`SELECT scope, identifier FROM settlement_payment_identifiers WHERE network = 'n' ORDER BY identifier`);
       expect(rows).toEqual([
         { scope: `payer:${payer.toLowerCase()}`, identifier: "id-deposit" },
