@@ -224,7 +224,7 @@ if (fail) {
         }
       });
       try {
-        await until(() => successes() >= 3 || undefined, "payments settling before the operations", 120_000);
+        await until(() => successes() >= 3 || undefined, "payments settling before the operations", 300_000);
 
         // the facilitator pod deleted while a settle is in flight; a new one (Recreate, same claim) takes over
         const [before] = await pods("facilitator");
@@ -235,7 +235,7 @@ if (fail) {
           return p && p.metadata!.uid !== before!.metadata!.uid && p.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True") ? p : undefined;
         }, "a new facilitator pod Ready", READY_MS).catch(explain("facilitator"));
         const afterDelete = successes();
-        await until(() => successes() >= afterDelete + 3 || undefined, "payments settling through the new pod", 180_000);
+        await until(() => successes() >= afterDelete + 3 || undefined, "payments settling through the new pod", 300_000);
 
         // helm upgrade: a changed pod template for every Deployment of the chart, rolled one pod at a time
         const rollout = { podAnnotations: { "x402fleet.io/rollout": randomBytes(4).toString("hex") } };
@@ -250,7 +250,7 @@ if (fail) {
           expect(d.status).toMatchObject({ updatedReplicas: d.spec!.replicas, availableReplicas: d.spec!.replicas });
         }
         const afterUpgrade = successes();
-        await until(() => successes() >= afterUpgrade + 3 || undefined, "payments settling after the upgrade", 180_000);
+        await until(() => successes() >= afterUpgrade + 3 || undefined, "payments settling after the upgrade", 300_000);
       } finally {
         loading = false;
         await Promise.all(clients);
