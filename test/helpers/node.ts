@@ -235,12 +235,24 @@ export async function startNode(cp: ControlPlane, o: NodeOptions = {}): Promise<
       await until(() => ctr(["tasks", "ls", "-q"]).output.trim() === "" || undefined, "the node's containers to stop", 60_000).catch(() => undefined);
     }
     stopped = true;
+    // the network namespaces of sandboxes still known to containerd: CRI leaves them behind when
+    // their tasks are killed below rather than torn down by the kubelet
+    const netnsPaths = new Set<string>();
+    for (const id of ctr(["containers", "ls", "-q"]).output.trim().split("\n").filter(Boolean)) {
+      try {
+        const info = JSON.parse(ctr(["containers", "info", id]).output) as { Spec?: { linux?: { namespaces?: { type: string; path?: string }[] } } };
+        for (const ns of info.Spec?.linux?.namespaces ?? []) if (ns.type === "network" && ns.path?.startsWith("/var/run/netns/")) netnsPaths.add(ns.path);
+      } catch {
+        // not JSON: a container removed meanwhile
+      }
+    }
     for (const p of proxies) await p.close();
     for (const { name: component, child } of [...children].reverse()) if (component !== "containerd") await end(child);
     // what the kubelet left is killed by the runtime, then the runtime stops
     for (const task of ctr(["tasks", "ls", "-q"]).output.trim().split("\n").filter(Boolean)) ctr(["tasks", "rm", "--force", task]);
     for (const { child } of children) await end(child);
     if (o.services) for (const table of KUBE_PROXY_TABLES) spawnSync("nft", ["delete", "table", ...table.split(" ")], { stdio: "ignore" });
+    for (const path of netnsPaths) if (existsSync(path)) spawnSync("ip", ["netns", "delete", path.slice("/var/run/netns/".length)]);
     unmountBelow(dir);
     spawnSync("ip", ["link", "del", bridge]);
     // the hierarchies it was created in, and the unified one of a hybrid host, where the kubelet adds its own
