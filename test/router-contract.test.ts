@@ -7,6 +7,7 @@ import { join } from "node:path";
 import { pino } from "pino";
 import { startTestDevnet } from "./helpers/devnet.ts";
 import { postJson, serviceShape, signEip3009 } from "./helpers/payments.ts";
+import { until } from "./helpers/wait.ts";
 import { startRouterService } from "../services/router/service.ts";
 import type { RunningDevnet } from "../services/devnet/devnet.ts";
 
@@ -62,8 +63,13 @@ describe("service contract: paths and methods", () => {
   });
 
   it("GET /v2/supported lists the three schemes of each routed network, upto with its facilitator address", async () => {
-    const r = await postJson(`${base}/supported`, undefined, { method: "GET" });
+    // Once the router has probed its facilitators (at start, then every few seconds), it also publishes their confirmation policies.
+    const r = await until(async () => {
+      const answer = await postJson(`${base}/supported`, undefined, { method: "GET" });
+      return answer.json.confirmationPolicy ? answer : undefined;
+    }, "the router's first probe of its facilitators", 30_000);
     expect(r.status).toBe(200);
+    expect(Object.keys(r.json.confirmationPolicy as object).sort()).toEqual([...new Set(PAIRS.map((p) => p.split("@")[1]!))].sort());
     const kinds = r.json.kinds as { scheme: string; network: string; x402Version: number; extra?: Record<string, unknown> }[];
     expect(kinds.map((k) => `${k.scheme}@${k.network}@${k.x402Version}`).sort()).toEqual(PAIRS.map((p) => `${p}@2`));
     for (const k of kinds) {
@@ -71,7 +77,7 @@ describe("service contract: paths and methods", () => {
       if (k.scheme === "upto") expect(k.extra).toEqual({ facilitatorAddress: signer });
       else expect(k.extra).toBeUndefined(); // extra only for upto (no receiverAuthorizer unless configured)
     }
-    expect(r.json.extensions).toEqual(["eip2612GasSponsoring", "erc20ApprovalGasSponsoring", "payment-identifier", "bazaar"]); // the devnet sponsors approvals; its router serves the discovery catalog
+    expect(r.json.extensions).toEqual(["eip2612GasSponsoring", "erc20ApprovalGasSponsoring", "payment-identifier", "settlement-status", "bazaar"]); // the devnet sponsors approvals; its facilitators serve the status API, its router the discovery catalog
     const signers = (r.json.signers as Record<string, string[]>)["eip155:*"];
     expect(signers).toEqual(expect.arrayContaining(devnet.info.networks.flatMap((n) => n.signers)));
   });
