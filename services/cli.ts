@@ -12,8 +12,11 @@ import { walletsCli } from "./wallets/config.ts";
 
 export const COMMANDS: readonly Command[] = [devnetCli, facilitatorCli, routerCli, ...apiKeyClis, hubCli, walletsCli, operatorCli, preUninstallCli, doctorCli, hubUploadCli, payCli];
 
+/** The command column: the longest name and two spaces. */
+const NAME_WIDTH = Math.max(...COMMANDS.map((c) => c.name.length)) + 2;
+
 const usage = () =>
-  `x402-fleet <command> [options]   (x402-fleet <command> --help: its flags and environment)\n\ncommands:\n${COMMANDS.map((c) => `  ${c.name.padEnd(16)}${c.summary}\n`).join("")}`;
+  `x402-fleet <command> [options]   (x402-fleet <command> --help: its flags and environment)\n\ncommands:\n${COMMANDS.map((c) => `  ${c.name.padEnd(NAME_WIDTH)}${c.summary}\n`).join("")}`;
 
 const helpOf = (c: Command) => `x402-fleet ${c.name}: ${c.summary}\n${c.help}`;
 
