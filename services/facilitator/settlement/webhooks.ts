@@ -294,10 +294,19 @@ export function startWebhookDelivery(opts: WebhookDeliveryOptions) {
     await prune();
   }
 
+  // Passes run one at a time: a pass asked for (tests) never overlaps the scheduled one, so what it
+  // sent is all known when it returns.
+  let last: Promise<unknown> = Promise.resolve();
+  const serialPass = (): Promise<void> => {
+    const next = last.then(pass, pass);
+    last = next.catch(() => undefined);
+    return next;
+  };
+
   const schedule = () => {
     if (stopped) return;
     timer = setTimeout(() => {
-      running = pass()
+      running = serialPass()
         .catch((e: unknown) => log.warn({ err: { name: (e as Error).name } }, "webhook pass failed; trying again"))
         .finally(() => {
           running = undefined;
@@ -310,8 +319,8 @@ export function startWebhookDelivery(opts: WebhookDeliveryOptions) {
   log.info({ facilitatorReceiver: config.url ? webhookOrigin(config.url) : undefined }, "webhook delivery started");
 
   return {
-    /** One pass now (tests). */
-    pass,
+    /** One pass now (tests), after any pass in flight. */
+    pass: serialPass,
     /** Prunes now, whenever it last did (tests); the events dropped. */
     prune: () => prune(true),
     async stop(): Promise<void> {
