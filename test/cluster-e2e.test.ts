@@ -17,7 +17,7 @@
 import { randomBytes } from "node:crypto";
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, expect, it } from "vitest";
 import pg from "pg";
 import { privateKeyToAccount } from "viem/accounts";
 import { createPublicClient, http, type Address, type Hex } from "viem";
@@ -30,8 +30,8 @@ import { carefulSettle, judge, type Payment } from "./helpers/chaos.ts";
 import { clusterOf, condition, until, type Cluster } from "./helpers/cluster.ts";
 import { CHART, helmOn } from "./helpers/helm.ts";
 import { PG_URL } from "./helpers/hub.ts";
-import { imageAvailability, imageBuild } from "./helpers/image.ts";
-import { hostAddress, nodeAvailability, startNode, type HostPort, type RealNode } from "./helpers/node.ts";
+import { imageBuild } from "./helpers/image.ts";
+import { describeOnNode, hostAddress, startNode, type HostPort, type RealNode } from "./helpers/node.ts";
 import type { RunningDevnet } from "../services/devnet/devnet.ts";
 
 const SUITE = "the chart on a real node";
@@ -42,18 +42,7 @@ const STORAGE_CLASS = "node-local";
 // several pods starting from one image on a loaded machine (the image's start, embedded stores, probes)
 const READY_MS = 600_000;
 
-const nodeCheck = nodeAvailability(SUITE);
-const imageCheck = nodeCheck.run ? imageAvailability(SUITE) : { run: false };
-const fail = nodeCheck.fail ?? imageCheck.fail;
-if (fail) {
-  describe(SUITE, () => {
-    it("has a node and the x402-fleet image (CI=true)", () => {
-      throw new Error(fail);
-    });
-  });
-} else if (!nodeCheck.run || !imageCheck.run) {
-  describe.skip(SUITE, () => undefined);
-} else {
+describeOnNode(SUITE, () =>
   describeWithControlPlane(SUITE, { controllers: true, address: hostAddress }, (cp) => {
     let node: RealNode;
     let cluster: Cluster;
@@ -269,5 +258,5 @@ if (fail) {
       expect(settledOnChain).toBe(successes());
       expect(payments.every((p) => p.callers.every((c) => c.final?.success))).toBe(true);
     }, 2 * READY_MS + 600_000);
-  });
-}
+  }),
+);

@@ -15,15 +15,15 @@ import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { readdirSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, expect, it } from "vitest";
 import { pino } from "pino";
 import { startTestDevnet } from "./helpers/devnet.ts";
 import { postJson, serviceShape, signEip3009 } from "./helpers/payments.ts";
 import { balanceOf, receiptStatus } from "./helpers/chain.ts";
 import { describeWithControlPlane } from "./helpers/control-plane.ts";
 import { CRD_PATH, clusterOf, condition, until, type Cluster } from "./helpers/cluster.ts";
-import { imageAvailability, imageBuild } from "./helpers/image.ts";
-import { nodeAvailability, startNode, type HostPort, type RealNode } from "./helpers/node.ts";
+import { imageBuild } from "./helpers/image.ts";
+import { describeOnNode, startNode, type HostPort, type RealNode } from "./helpers/node.ts";
 import { startRouterService, type RunningRouter } from "../services/router/service.ts";
 import { startOperator, type RunningOperator } from "../operator/operator.ts";
 import { parseRoutingTable } from "../services/router/routing-table.ts";
@@ -38,18 +38,7 @@ const STORAGE_CLASS = "node-local";
 const POD_READY_MS = 300_000;
 const silent = pino({ level: "silent" });
 
-const nodeCheck = nodeAvailability(SUITE);
-const imageCheck = nodeCheck.run ? imageAvailability(SUITE) : { run: false };
-const fail = nodeCheck.fail ?? imageCheck.fail;
-if (fail) {
-  describe(SUITE, () => {
-    it("has a node and the x402-fleet image (CI=true)", () => {
-      throw new Error(fail);
-    });
-  });
-} else if (!nodeCheck.run || !imageCheck.run) {
-  describe.skip(SUITE, () => undefined);
-} else {
+describeOnNode(SUITE, () =>
   describeWithControlPlane(SUITE, { controllers: true, crds: [CRD_PATH] }, (cp) => {
     let node: RealNode;
     let cluster: Cluster;
@@ -189,5 +178,5 @@ if (fail) {
       await until(async () => ((await networkReady()) === "True" ? true : undefined), "the network Ready again", 180_000).catch(explain);
       expect((await facilitatorPod())!.status!.containerStatuses![0]).toMatchObject({ ready: true, restartCount: 0 });
     }, 420_000);
-  });
-}
+  }),
+);

@@ -28,6 +28,8 @@ import { fileURLToPath } from "node:url";
 import { CoreV1Api, DiscoveryV1Api, PatchStrategy, setHeaderOptions } from "@kubernetes/client-node";
 import { freePort } from "../../services/devnet/anvil.ts";
 import { controlPlaneBinaries, type ControlPlane } from "./control-plane.ts";
+import { describe, it } from "vitest";
+import { imageAvailability } from "./image.ts";
 import { until } from "./wait.ts";
 
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
@@ -65,6 +67,24 @@ export function nodeAvailability(suite: string): { run: boolean; fail?: string }
   if (process.env.CI === "true") return { run: false, fail: why };
   console.warn(`skipped ${why}`);
   return { run: false };
+}
+
+/**
+ * Declares a suite that needs a real node and the x402-fleet image: `define` runs where both are
+ * there; with CI=true a missing one fails the run, elsewhere the suite is skipped with one line.
+ */
+export function describeOnNode(suite: string, define: () => void): void {
+  const nodeCheck = nodeAvailability(suite);
+  const imageCheck = nodeCheck.run ? imageAvailability(suite) : { run: false };
+  const fail = nodeCheck.fail ?? imageCheck.fail;
+  if (fail) {
+    describe(suite, () => {
+      it("has a node and the x402-fleet image (CI=true)", () => {
+        throw new Error(fail);
+      });
+    });
+  } else if (nodeCheck.run && imageCheck.run) define();
+  else describe.skip(suite, () => undefined);
 }
 
 export interface NodeOptions {
