@@ -126,7 +126,7 @@ describe.each(ENGINES)("webhook delivery worker on the %s engine", (engine) => {
     await db.query(`UPDATE settlement_webhook_deliveries SET next_attempt_at = now() WHERE network = $1 AND state = 'pending' AND next_attempt_at <> 'infinity'`, [network]);
     // Passes until nothing is due (a loaded machine may leave a leased send to the next pass): all delivered, in order.
     const delivered = () => count(db, `settlement_webhook_deliveries WHERE network = $1 AND state = 'delivered'`, [network]);
-    for (let i = 0; i < 20 && (await delivered()) < 3 * P; i++) await w.pass();
+    await until(async () => (await w.pass(), (await delivered()) === 3 * P), "every event delivered", 90_000);
     expect(await delivered()).toBe(3 * P);
     for (let i = 0; i < P; i++) expect(ok.got.filter((g) => g.event.paymentId === `p-${i}`).map((g) => g.event.sequence)).toEqual([1, 2, 3]);
   }, 120_000);
@@ -141,7 +141,7 @@ describe.each(ENGINES)("webhook delivery worker on the %s engine", (engine) => {
     for (let i = 0; i < 20; i++) await submitted(`ok-${i}`, { tenant: "bbbbbbbbbbbbbbbb", webhookUrl: honest.url });
     const w = worker(db, network, config({ timeoutMs: 60_000 }), { batch: 16, perOriginConcurrency: 4 });
     const running = w.pass();
-    await until(() => honest.got.length === 20, "the honest receiver's deliveries", 30_000);
+    await until(() => honest.got.length === 20, "the honest receiver's deliveries", 55_000);
     // Every honest delivery arrived while the hanging ones were still open: none had timed out.
     expect(hanging.closedUnanswered()).toBe(0);
     expect(hanging.open.size).toBeGreaterThan(0);
@@ -151,7 +151,7 @@ describe.each(ENGINES)("webhook delivery worker on the %s engine", (engine) => {
     await running;
     expect(await count(db, `settlement_webhook_deliveries WHERE network = $1 AND state = 'delivered'`, [network])).toBe(20);
     expect(await count(db, `settlement_webhook_deliveries WHERE network = $1 AND state = 'pending'`, [network])).toBe(8);
-  }, 60_000);
+  }, 120_000);
 
   it("a tenant's URL on a private address is refused while the operator's own receiver there is allowed", async () => {
     const { db, network, submitted } = await open();
