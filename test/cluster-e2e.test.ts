@@ -15,7 +15,7 @@
 // transfer on chain, once; no caller of a paid payment told failure; no valid payment refused.
 // With CI=true a missing node, image or control plane fails the suite; elsewhere it is skipped with one line.
 import { randomBytes } from "node:crypto";
-import { readdirSync, readFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import pg from "pg";
@@ -67,11 +67,10 @@ describeOnNode(SUITE, () =>
       const built = imageBuild();
       if (!("image" in built)) throw new Error(built.missing);
       image = built.image;
-      const archive = join(built.dir, readdirSync(built.dir).find((f) => f.endsWith(".oci.tar"))!);
       cluster = clusterOf(cp());
       helm = helmOn(cp().kubeconfigPath);
       // side by side, and whatever started is kept for afterAll even when the other failed
-      const started = await Promise.allSettled([startNode(cp(), { images: [archive], services: true }), startTestDevnet(["eip155:8453"])]);
+      const started = await Promise.allSettled([startNode(cp(), { images: [built.archive], services: true }), startTestDevnet(["eip155:8453"])]);
       if (started[0].status === "fulfilled") node = started[0].value;
       if (started[1].status === "fulfilled") devnet = started[1].value;
       for (const s of started) if (s.status === "rejected") throw s.reason;
@@ -189,7 +188,7 @@ describeOnNode(SUITE, () =>
       expect(await balanceOf(net.rpcUrl, asset.address, payTo)).toBe(payeeBefore + amount);
     }, READY_MS + 300_000);
 
-    it("under payment load, a facilitator pod deleted mid-settlement and a helm upgrade rolling every Deployment: each payment told success is its transfer on chain, once; no paid payment told failure", async () => {
+    it("under payment load, a facilitator pod deleted and its container killed by the runtime mid-settlement, the node's kubelet stopped and started, the leader operator's pod killed and the database-less network rolled out by the new leader (never two of its pods at once), and a helm upgrade rolling every Deployment: each payment told success is its transfer on chain, once; no paid payment told failure", async () => {
       const net = devnet.info.networks[0]!;
       const chain = createPublicClient({ transport: http(net.rpcUrl) });
       const payTo = devnet.info.receivers[0]!.address as Address;
@@ -199,6 +198,18 @@ describeOnNode(SUITE, () =>
       let inFlight = 0;
       let loading = true;
       const successes = () => payments.filter((p) => p.callers.some((c) => c.final?.success)).length;
+      /** Three more payments told success: the fleet serves again after an operation. */
+      const settlesAgain = async (after: string) => {
+        const before = successes();
+        await until(() => successes() >= before + 3 || undefined, `payments settling ${after}`, 300_000);
+      };
+      const readyFacilitator = (differentFrom?: string) =>
+        until(async () => {
+          const [p] = await pods("facilitator");
+          return p && p.metadata!.uid !== differentFrom && !p.metadata!.deletionTimestamp && p.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True") ? p : undefined;
+        }, "a facilitator pod Ready", READY_MS).catch(explain("facilitator"));
+      // The network's store is one pod's (no spec.database): its containers counted on the node the whole time
+      const facilitatorsRunning = node.watchRunning("facilitator");
       // three careful clients, each paying again as soon as its payment has a final answer
       const clients = [0, 1, 2].map(async (i) => {
         const payerKey = devnet.info.payers[i % devnet.info.payers.length]!.privateKey;
@@ -219,12 +230,54 @@ describeOnNode(SUITE, () =>
         const [before] = await pods("facilitator");
         await until(() => inFlight > 0 || undefined, "a settle in flight");
         await cluster.core.deleteNamespacedPod({ namespace: NS, name: before!.metadata!.name! });
-        await until(async () => {
+        const replaced = await readyFacilitator(before!.metadata!.uid);
+        await settlesAgain("through the new pod");
+
+        // its container killed by the runtime mid-settlement (SIGKILL, no shutdown: the embedded store
+        // recovers from a crash); the kubelet restarts it in the same pod
+        const status = replaced.status!.containerStatuses![0]!;
+        await until(() => inFlight > 0 || undefined, "a settle in flight");
+        node.killContainer(status.containerID!);
+        const restarted = await until(async () => {
           const [p] = await pods("facilitator");
-          return p && p.metadata!.uid !== before!.metadata!.uid && p.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True") ? p : undefined;
-        }, "a new facilitator pod Ready", READY_MS).catch(explain("facilitator"));
-        const afterDelete = successes();
-        await until(() => successes() >= afterDelete + 3 || undefined, "payments settling through the new pod", 300_000);
+          const s = p?.status?.containerStatuses?.[0];
+          return p?.metadata!.uid === replaced.metadata!.uid && s && s.restartCount > status.restartCount && s.ready ? s : undefined;
+        }, "the killed container restarted and ready", READY_MS).catch(explain("facilitator"));
+        expect(restarted.lastState?.terminated?.exitCode).toBe(137);
+        await settlesAgain("after the container was killed");
+
+        // the node's kubelet stopped long enough for the node to be unreachable (pods NotReady, out of
+        // their Services), its containers still running; then started again: it adopts them
+        await node.stopKubelet();
+        const nodeReady = async () => (await cluster.core.readNode({ name: node.name })).status!.conditions!.find((c) => c.type === "Ready")!.status;
+        await until(async () => ((await nodeReady()) !== "True") || undefined, "the node without its kubelet marked not ready", 180_000);
+        node.startKubelet();
+        await until(async () => ((await nodeReady()) === "True") || undefined, "the node ready again", 180_000).catch(explain("facilitator"));
+        const adopted = await readyFacilitator();
+        expect(adopted.metadata!.uid).toBe(replaced.metadata!.uid); // the same pod, never recreated
+        await settlesAgain("after the kubelet came back");
+
+        // the leader operator's pod killed (no grace): the other replica takes the Lease, and a change
+        // to the network (its resources: a new pod template) is rolled out by the new leader
+        const leaseOf = async () => (await cluster.coordination.readNamespacedLease({ namespace: NS, name: `${FULLNAME}-operator` })).spec!.holderIdentity;
+        const leader = await leaseOf();
+        await cluster.core.deleteNamespacedPod({ namespace: NS, name: leader!, gracePeriodSeconds: 0 });
+        const newLeader = await until(async () => {
+          const holder = await leaseOf();
+          return holder && holder !== leader ? holder : undefined;
+        }, "another operator pod holding the Lease", 120_000).catch(explain("operator"));
+        expect((await pods("operator")).map((p) => p.metadata!.name)).toContain(newLeader);
+        const generation = (await cluster.patchNetwork(NS, "base", { spec: { resources: { requests: { cpu: "50m", memory: "256Mi" }, limits: { memory: "1536Mi" } } } })).metadata!.generation!;
+        const rolled = await until(async () => {
+          const [p] = await pods("facilitator");
+          return p && p.spec!.containers[0]!.resources?.limits?.memory === "1536Mi" && p.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True") ? p : undefined;
+        }, "the network's new pod template rolled out and Ready", READY_MS).catch(explain("facilitator"));
+        expect(rolled.metadata!.uid).not.toBe(replaced.metadata!.uid);
+        await until(async () => {
+          const fn = await cluster.getNetwork(NS, "base");
+          return condition(fn, "Ready")?.status === "True" && fn!.status!.observedGeneration === generation ? fn : undefined;
+        }, "the network Ready at its new generation", READY_MS);
+        await settlesAgain("after the rollout by the new leader");
 
         // helm upgrade: a changed pod template for every Deployment of the chart, rolled one pod at a time
         const rollout = { podAnnotations: { "x402fleet.io/rollout": randomBytes(4).toString("hex") } };
@@ -238,12 +291,15 @@ describeOnNode(SUITE, () =>
           expect(d.metadata!.generation).toBeGreaterThan(generation);
           expect(d.status).toMatchObject({ updatedReplicas: d.spec!.replicas, availableReplicas: d.spec!.replicas });
         }
-        const afterUpgrade = successes();
-        await until(() => successes() >= afterUpgrade + 3 || undefined, "payments settling after the upgrade", 300_000);
+        await settlesAgain("after the upgrade");
       } finally {
         loading = false;
         await Promise.all(clients);
       }
+      // Recreate: the old pod's container gone before the new one starts, through every operation
+      const { max, samples } = await facilitatorsRunning.stop();
+      expect(samples).toBeGreaterThan(100);
+      expect(max).toBe(1);
 
       const { violations, settledOnChain } = await judge({
         chain: chain as never,

@@ -12,7 +12,7 @@
 // With CI=true a missing node, image or control plane fails the suite; elsewhere it is skipped with one line.
 import { randomBytes } from "node:crypto";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
-import { readdirSync, readFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
@@ -54,10 +54,9 @@ describeOnNode(SUITE, () =>
       const built = imageBuild();
       if (!("image" in built)) throw new Error(built.missing);
       image = built.image;
-      const archive = join(built.dir, readdirSync(built.dir).find((f) => f.endsWith(".oci.tar"))!);
       cluster = clusterOf(cp());
       // side by side, and whatever started is kept for afterAll even when the other failed
-      const started = await Promise.allSettled([startNode(cp(), { images: [archive] }), startTestDevnet(["eip155:8453"]), mkdtemp(join(tmpdir(), "x402-node-test-"))]);
+      const started = await Promise.allSettled([startNode(cp(), { images: [built.archive] }), startTestDevnet(["eip155:8453"]), mkdtemp(join(tmpdir(), "x402-node-test-"))]);
       if (started[0].status === "fulfilled") node = started[0].value;
       if (started[1].status === "fulfilled") devnet = started[1].value;
       if (started[2].status === "fulfilled") dir = started[2].value;

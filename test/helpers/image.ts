@@ -4,7 +4,7 @@
 // no privilege escalation, Secrets mounted read-only.
 import { spawn, spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -12,15 +12,17 @@ const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 const BUILD_SCRIPT = join(ROOT, "scripts", "build-image.sh");
 const HOW_TO_ENABLE = "build it with scripts/build-image.sh (as root: debootstrap, buildah and podman from Debian's packages, ~10 min cold)";
 
-/** The image built from the current sources (its cache directory and tag), or why there is none. */
-export function imageBuild(): { dir: string; image: string } | { missing: string } {
+/** The image built from the current sources (its cache directory, tag and OCI archive), or why there is none. */
+export function imageBuild(): { dir: string; image: string; archive: string } | { missing: string } {
   const r = spawnSync("bash", [BUILD_SCRIPT, "--print-dir"], { encoding: "utf8", env: process.env });
   if (r.status !== 0) return { missing: r.stderr.trim().split("\n").pop() || `${BUILD_SCRIPT} failed` };
   const dir = r.stdout.trim().split("\n").pop()!;
   if (!existsSync(join(dir, ".complete"))) return { missing: `${dir} is not built (none for these sources)` };
   if (spawnSync("podman", ["--version"]).status !== 0) return { missing: "podman is not installed" };
   const image = /^image=(.+)$/m.exec(readFileSync(join(dir, "BUILD"), "utf8"))?.[1];
-  return image ? { dir, image } : { missing: `${dir}/BUILD names no image` };
+  const archive = readdirSync(dir).find((f) => f.endsWith(".oci.tar"));
+  if (!image) return { missing: `${dir}/BUILD names no image` };
+  return archive ? { dir, image, archive: join(dir, archive) } : { missing: `${dir} holds no OCI archive` };
 }
 
 /**

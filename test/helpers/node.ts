@@ -119,6 +119,19 @@ export interface RealNode {
   containerLog(namespace: string, pod: string, container: string): string;
   /** `ctr` against this node's containerd, k8s.io namespace. */
   ctr(args: string[]): { status: number | null; output: string };
+  /** Kills a container's process by the runtime (SIGKILL through containerd, as the OOM killer or a crash would): the kubelet sees it die and restarts it. */
+  killContainer(containerId: string): void;
+  /**
+   * Stops the kubelet (SIGTERM) with the node's containers left running, as when the kubelet
+   * crashes or is upgraded; `startKubelet` starts it again with the same configuration and state.
+   */
+  stopKubelet(): Promise<void>;
+  startKubelet(): void;
+  /**
+   * Samples, every 200 ms in a process of its own (the test's event loop cannot delay it), how many
+   * containers of this name have a running task in the node's runtime; `stop` returns the most seen at once.
+   */
+  watchRunning(container: string): { stop(): Promise<{ max: number; samples: number }> };
   logOf(component: "containerd" | "kubelet" | "kube-scheduler" | "kube-proxy" | "coredns"): string;
   stop(): Promise<void>;
 }
@@ -218,7 +231,7 @@ export async function startNode(cp: ControlPlane, o: NodeOptions = {}): Promise<
   let stopped = false;
 
   const launch = (component: string, binary: string, args: string[]) => {
-    const out = createWriteStream(logs(component));
+    const out = createWriteStream(logs(component), { flags: "a" });
     const child = spawn(binary, args, { cwd: dir, env: { PATH: process.env.PATH ?? "", HOME: dir }, stdio: ["ignore", "pipe", "pipe"] });
     child.stdout!.pipe(out);
     child.stderr!.pipe(out);
@@ -230,6 +243,8 @@ export async function startNode(cp: ControlPlane, o: NodeOptions = {}): Promise<
     children.push({ name: component, child });
     return child;
   };
+  /** A component's latest process (the kubelet may have been restarted). */
+  const latest = (component: string) => [...children].reverse().find((c) => c.name === component)?.child;
   const ctr = (args: string[]) => {
     const r = spawnSync("ctr", ["--address", socket, "--namespace", "k8s.io", ...args], { encoding: "utf8" });
     return { status: r.status, output: `${r.stdout}${r.stderr}` };
@@ -247,7 +262,7 @@ export async function startNode(cp: ControlPlane, o: NodeOptions = {}): Promise<
     if (stopped) return;
     // The node's pods first, by the kubelet (which tears down their sandboxes and CNI rules): the
     // node cordoned so no replacement lands, then every pod bound to it deleted at once.
-    const kubelet = children.find((c) => c.name === "kubelet")?.child;
+    const kubelet = latest("kubelet");
     if (kubelet && kubelet.exitCode === null) {
       await core.patchNode({ name, body: { spec: { unschedulable: true } } }, setHeaderOptions("Content-Type", PatchStrategy.MergePatch)).catch(() => undefined);
       const pods = await core.listPodForAllNamespaces({ fieldSelector: `spec.nodeName=${name}` }).catch(() => ({ items: [] }));
@@ -451,15 +466,17 @@ export async function startNode(cp: ControlPlane, o: NodeOptions = {}): Promise<
         syncFrequency: "10s",
       }),
     );
-    launch("kubelet", join(found.dir, "kubelet"), [
-      `--config=${join(dir, "kubelet.yaml")}`,
-      `--kubeconfig=${cp.kubeconfigPath}`,
-      `--root-dir=${join(dir, "kubelet")}`,
-      `--cert-dir=${join(dir, "kubelet-pki")}`,
-      `--hostname-override=${name}`,
-      `--node-ip=${ip}`,
-      "--v=1",
-    ]);
+    const launchKubelet = () =>
+      launch("kubelet", join(found.dir, "kubelet"), [
+        `--config=${join(dir, "kubelet.yaml")}`,
+        `--kubeconfig=${cp.kubeconfigPath}`,
+        `--root-dir=${join(dir, "kubelet")}`,
+        `--cert-dir=${join(dir, "kubelet-pki")}`,
+        `--hostname-override=${name}`,
+        `--node-ip=${ip}`,
+        "--v=1",
+      ]);
+    launchKubelet();
     launch("kube-scheduler", join(cpDir, "kube-scheduler"), [`--kubeconfig=${cp.kubeconfigPath}`, "--leader-elect=false", "--secure-port=0", "--v=0"]);
     await until(async () => {
       for (const { name: component, child } of children) if (child.exitCode !== null) throw new Error(`node: ${component} exited\n${tail(component)}`);
@@ -532,6 +549,44 @@ export async function startNode(cp: ControlPlane, o: NodeOptions = {}): Promise<
         return files.map((f) => readFileSync(join(base, podDir, container, f), "utf8")).join("");
       },
       ctr,
+      killContainer: (containerId) => {
+        const r = ctr(["tasks", "kill", "--signal", "SIGKILL", containerId.replace(/^containerd:\/\//, "")]);
+        if (r.status !== 0) throw new Error(`node: killing container ${containerId} failed: ${r.output}`);
+      },
+      stopKubelet: async () => {
+        const kubelet = latest("kubelet")!;
+        await end(kubelet);
+      },
+      startKubelet: () => {
+        if (latest("kubelet")!.exitCode === null) throw new Error("node: the kubelet is running");
+        launchKubelet();
+      },
+      watchRunning: (container) => {
+        const ctrCmd = `ctr --address ${socket} --namespace k8s.io`;
+        const script = `while :; do ids=$(${ctrCmd} containers ls -q 'labels."io.kubernetes.container.name"==${container}'); n=0; for id in $(${ctrCmd} tasks ls | awk '$3 == "RUNNING" { print $1 }'); do case " $(echo $ids) " in *" $id "*) n=$((n + 1));; esac; done; echo "$n"; sleep 0.2; done`;
+        const sampler = spawn("bash", ["-c", script], { stdio: ["ignore", "pipe", "ignore"] });
+        running.add(sampler);
+        let max = 0;
+        let samples = 0;
+        let rest = "";
+        sampler.stdout!.on("data", (chunk: Buffer) => {
+          const lines = (rest + chunk.toString()).split("\n");
+          rest = lines.pop()!;
+          for (const l of lines) {
+            samples++;
+            max = Math.max(max, Number(l));
+          }
+        });
+        return {
+          stop: async () => {
+            const exited = new Promise((r) => sampler.once("exit", r));
+            sampler.kill("SIGKILL");
+            await exited;
+            running.delete(sampler);
+            return { max, samples };
+          },
+        };
+      },
       logOf: tail,
       stop,
     };
