@@ -28,8 +28,18 @@ afterEach(async () => {
 const TOKEN = "status-review-router-token-0123456789abcdefghij";
 const as = (tenant: string) => ({ "x402-fleet-router-token": TOKEN, "x402-fleet-tenant": tenant, "x402-fleet-gas-allowance": "unlimited" });
 
-/** An RPC endpoint in front of the node that answers receipts of `lie.hash` with one of a block no canonical block has. */
-async function lyingEndpoint(upstream: string, lie: { hash?: string }): Promise<string> {
+/**
+ * An RPC endpoint in front of the node that answers receipts of `lie.hash` with one of a block no
+ * canonical block has; with `lie.sync`, every eth_sendRawTransactionSync is sent the plain way and
+ * answered at once with such a receipt.
+ */
+async function lyingEndpoint(upstream: string, lie: { hash?: string; sync?: boolean }): Promise<string> {
+  const forgedReceipt = async (hash: string) => {
+    const head = BigInt(await rpc<string>(upstream, "eth_blockNumber"));
+    const tx = await rpc<Record<string, string>>(upstream, "eth_getTransactionByHash", [hash]);
+    const receipt = { transactionHash: hash, transactionIndex: "0x0", blockHash: `0x${"ee".repeat(32)}`, blockNumber: `0x${head.toString(16)}`, from: tx.from, to: tx.to };
+    return { ...receipt, cumulativeGasUsed: "0x10000", gasUsed: "0x10000", effectiveGasPrice: "0x3b9aca00", contractAddress: null, logs: [], logsBloom: `0x${"00".repeat(256)}`, status: "0x1", type: "0x2" };
+  };
   server = createServer(async (req, res) => {
     const chunks: Buffer[] = [];
     for await (const c of req) chunks.push(c as Buffer);
@@ -37,11 +47,10 @@ async function lyingEndpoint(upstream: string, lie: { hash?: string }): Promise<
     const calls = (Array.isArray(parsed) ? parsed : [parsed]) as { id: unknown; method: string; params: unknown[] }[];
     const answers = await Promise.all(
       calls.map(async (c) => {
-        if (lie.hash && c.method === "eth_getTransactionReceipt" && String(c.params[0]).toLowerCase() === lie.hash) {
-          const head = BigInt(await rpc<string>(upstream, "eth_blockNumber"));
-          const tx = await rpc<Record<string, string>>(upstream, "eth_getTransactionByHash", [lie.hash]);
-          const receipt = { transactionHash: lie.hash, transactionIndex: "0x0", blockHash: `0x${"ee".repeat(32)}`, blockNumber: `0x${head.toString(16)}`, from: tx.from, to: tx.to };
-          return { jsonrpc: "2.0", id: c.id, result: { ...receipt, cumulativeGasUsed: "0x10000", gasUsed: "0x10000", effectiveGasPrice: "0x3b9aca00", contractAddress: null, logs: [], logsBloom: `0x${"00".repeat(256)}`, status: "0x1", type: "0x2" } };
+        if (lie.hash && c.method === "eth_getTransactionReceipt" && String(c.params[0]).toLowerCase() === lie.hash) return { jsonrpc: "2.0", id: c.id, result: await forgedReceipt(lie.hash) };
+        if (lie.sync && c.method === "eth_sendRawTransactionSync") {
+          const hash = await rpc<string>(upstream, "eth_sendRawTransaction", [c.params[0]]);
+          return { jsonrpc: "2.0", id: c.id, result: await forgedReceipt(hash) };
         }
         return (await fetch(upstream, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(c) })).json();
       }),
@@ -72,6 +81,25 @@ describe("settlement status under attack", () => {
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(0n);
     lie.hash = undefined;
     await rig.test.setAutomine(true);
+  });
+
+  it("a synchronous send answered with a forged receipt (the transaction only in the pool): /settle never answers success; pending, with nothing moved, until it is really mined", async () => {
+    rig = await startRig();
+    const lie = { sync: true };
+    const f = await rig.facilitator({ rpcUrls: [await lyingEndpoint(rig.anvil.rpcUrl, lie)], receiptTimeoutMs: 500, policy: { sendRawTransactionSync: true } });
+    const body = await rig.payment(56n);
+    await rig.test.setAutomine(false);
+    const answer = (await postJson(`${f.url}/settle`, body)).json;
+    // the endpoint's receipt is of no canonical block: not a success (it was, trusted as it came)
+    expect(answer).toMatchObject({ success: false, errorReason: "settlement_pending" });
+    expect(await publicClient(rig.anvil.rpcUrl).getTransactionReceipt({ hash: answer.transaction as Hex }).catch(() => undefined)).toBeUndefined();
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(0n);
+    lie.sync = false;
+    await rig.test.setAutomine(true);
+    await rig.test.mine({ blocks: 1 });
+    const again = (await postJson(`${f.url}/settle`, body)).json;
+    expect(again).toMatchObject({ success: true, transaction: answer.transaction });
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(56n);
   });
 
   it("a copy of the payment with another extra (the signature's domain) is refused under its own request: the genuine payment's status is untouched, and it settles", async () => {

@@ -32,7 +32,7 @@ import { BelowFeeFloorError, DEFAULT_BASE_FEE_MULTIPLIER, GasCeilingExceededErro
 import { GAS_BUDGET_EXHAUSTED } from "./gas-meter.ts";
 import { admit, TRANSACTION_NOT_PLANNED } from "../plan.ts";
 import { createHeadTracker } from "./head.ts";
-import { pollMined, sleep } from "./receipts.ts";
+import { isCanonical, pollMined, sleep } from "./receipts.ts";
 import { recoverSigner } from "../crypto/secp256k1.ts";
 import { cleanLine, explainCallFailure, failureCodeOf } from "./reverts.ts";
 import type { OutboxRow, SettlementStore } from "./store.ts";
@@ -522,11 +522,14 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     return hit && hit.block === head.current() ? hit.gas : undefined;
   }
 
-  /** The receipt a synchronous send brought, when one block is final enough. */
-  function takeSyncReceipt(hash: Hex): { hash: Hex; receipt: TransactionReceipt } | undefined {
+  /**
+   * The receipt a synchronous send brought, when one block is final enough and that block is the
+   * canonical one at its height (the endpoint's word alone is not the chain's); else the receipt wait polls.
+   */
+  async function takeSyncReceipt(hash: Hex): Promise<{ hash: Hex; receipt: TransactionReceipt } | undefined> {
     const receipt = syncReceipts.get(hash);
     syncReceipts.delete(hash);
-    return receipt && opts.confirmations <= 1 ? { hash, receipt } : undefined;
+    return receipt && opts.confirmations <= 1 && (await isCanonical(opts.chain, receipt)) ? { hash, receipt } : undefined;
   }
 
   /** A mined revert's decoded reason (the store explained it when marking it) into the payment's context. */
@@ -598,7 +601,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       try {
         for (;;) {
           // Shared with every other waiter of this transaction in the process, and budgeted.
-          const mined = takeSyncReceipt(args.hash) ?? (await pollMined(opts.chain, row?.hashes ?? [args.hash], opts.confirmations));
+          const mined = (await takeSyncReceipt(args.hash)) ?? (await pollMined(opts.chain, row?.hashes ?? [args.hash], opts.confirmations));
           if (mined) {
             const { receipt } = mined;
             if (row) {

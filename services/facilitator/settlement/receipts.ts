@@ -10,14 +10,38 @@ export interface MinedTransaction {
   receipt: TransactionReceipt;
 }
 
+// Canonical block hashes by height, shared by every receipt of a block (a burst's 400 settlements
+// of one block cost one read) and kept briefly: a receipt is judged against the chain as it stands
+// now, within half a second; the reconciler's depth watch catches a block that leaves the chain later.
+const CANONICAL_TTL_MS = 500;
+const canonicalHashes = new WeakMap<ChainClient, Map<bigint, { at: number; hash: Promise<Hex | undefined> }>>();
+
+/**
+ * Whether a receipt is of the canonical block at its height: an endpoint on a fork (a load-balanced
+ * provider whose nodes disagree, or one that lies) must not make a settlement look mined. A failed
+ * read is "not known": the caller polls again.
+ */
+export async function isCanonical(chain: ChainClient, receipt: Pick<TransactionReceipt, "blockNumber" | "blockHash">): Promise<boolean> {
+  let byHeight = canonicalHashes.get(chain);
+  if (!byHeight) canonicalHashes.set(chain, (byHeight = new Map()));
+  const now = Date.now();
+  let entry = byHeight.get(receipt.blockNumber);
+  if (!entry || now - entry.at > CANONICAL_TTL_MS) {
+    if (byHeight.size > 256) for (const [n, e] of byHeight) if (now - e.at > CANONICAL_TTL_MS) byHeight.delete(n);
+    const hash = chain.client.getBlock({ blockNumber: receipt.blockNumber }).then((b) => b.hash ?? undefined, () => undefined);
+    byHeight.set(receipt.blockNumber, (entry = { at: now, hash }));
+    // a failed read is not remembered
+    void hash.then((h) => h === undefined && byHeight.get(receipt.blockNumber) === entry && byHeight.delete(receipt.blockNumber));
+  }
+  const hash = await entry.hash;
+  return hash !== undefined && hash === receipt.blockHash;
+}
+
 export async function findMined(chain: ChainClient, hashes: readonly Hex[], confirmations: number): Promise<MinedTransaction | undefined> {
   const receipts = await Promise.all(hashes.map((hash) => chain.client.getTransactionReceipt({ hash }).then((r) => ({ hash, receipt: r }), () => undefined)));
   const mined = receipts.find((r) => r !== undefined);
   if (!mined) return undefined;
-  // Only a receipt of the canonical block: an endpoint on a fork (a load-balanced provider whose
-  // nodes disagree, or one that lies) must not make a settlement look mined. Not known: poll again.
-  const block = await chain.client.getBlock({ blockNumber: mined.receipt.blockNumber }).catch(() => undefined);
-  if (!block || block.hash !== mined.receipt.blockHash) return undefined;
+  if (!(await isCanonical(chain, mined.receipt))) return undefined;
   if (confirmations > 1) {
     // An RPC failure here means "not known yet", like a failed receipt lookup above: callers poll.
     const head = await chain.client.getBlockNumber({ cacheTime: 0 }).catch(() => undefined);

@@ -21,6 +21,7 @@ import { RequestError } from "../../x402/errors.ts";
 import type { ProtocolStatus, SettlementState, SettlementStatus } from "../../x402/settlement-status.ts";
 import { identifierScope, nonceForms, paymentDigest, paymentIdentity, requestDigest } from "./payment-id.ts";
 import { isDecisive, type OutboxRow, type PaymentRecord, type SettlementStore } from "./store.ts";
+import { isCanonical } from "./receipts.ts";
 
 export type { ProtocolStatus, SettlementState, SettlementStatus } from "../../x402/settlement-status.ts";
 
@@ -75,9 +76,7 @@ export function createSettlementStatus(opts: StatusOptions) {
     const value = (async () => {
       const receipt = await opts.chain.client.getTransactionReceipt({ hash }).catch(() => undefined);
       if (receipt?.status !== "success") return undefined;
-      // Only a receipt of the canonical block counts: an endpoint on a fork (or lying) must not make a payment look mined.
-      const block = await opts.chain.client.getBlock({ blockNumber: receipt.blockNumber }).catch(() => undefined);
-      return block?.hash === receipt.blockHash ? { hash, blockNumber: receipt.blockNumber, blockHash: receipt.blockHash } : undefined;
+      return (await isCanonical(opts.chain, receipt)) ? { hash, blockNumber: receipt.blockNumber, blockHash: receipt.blockHash } : undefined;
     })();
     receipts.set(hash, { at: Date.now(), value });
     return value;
