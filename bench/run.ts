@@ -26,12 +26,12 @@ const profile = process.env.BENCH_CPU_PROFILE_DIR ? ["--cpu-prof", `--cpu-prof-d
 // Our services run with the image's Node options (its young-generation size), as deployed.
 const IMAGE_NODE_OPTIONS = /NODE_OPTIONS="([^"]*)"/.exec(readFileSync(join(ROOT, "Dockerfile"), "utf8"))?.[1] ?? "";
 
-/** BENCH_LOG_DIR=dir keeps every service's log there, one file per service (warnings and errors, or LOG_LEVEL's). */
+/** BENCH_LOG_DIR=dir keeps every service's log there, one file per service (at the services' default level, or LOG_LEVEL's). */
 const LOG_DIR = process.env.BENCH_LOG_DIR;
 
 function start(name: string, args: string[], env: Record<string, string>): ChildProcess {
   const ours = args[0] === "bin/x402-fleet.js" ? { NODE_OPTIONS: IMAGE_NODE_OPTIONS } : {};
-  const child = spawn(process.execPath, [...profile, ...args], { cwd: ROOT, env: { ...process.env, LOG_LEVEL: process.env.LOG_LEVEL ?? "warn", ...ours, ...env }, stdio: ["ignore", LOG_DIR ? "pipe" : "ignore", "inherit"] });
+  const child = spawn(process.execPath, [...profile, ...args], { cwd: ROOT, env: { ...process.env, ...ours, ...env }, stdio: ["ignore", LOG_DIR ? "pipe" : "ignore", "inherit"] });
   if (LOG_DIR) child.stdout!.pipe(createWriteStream(join(LOG_DIR, `${name}.log`)));
   children.push(child);
   return child;
@@ -98,8 +98,9 @@ async function main() {
     const child = start(name, ["bin/x402-fleet.js", "facilitator", "--network", net.network, "--rpc-url", proxyOurs.url, "--signer-key-file", keyFile, "--schemes", "exact", "--port", String(port), "--admin-port", String(await freePort())], {
       X402_DATA_DIR: join(dir, `${name}-db`),
       DATABASE_URL: databaseUrl,
-      // anvil serves eth_sendRawTransactionSync (EIP-7966): the receipt comes with the send. Its
-      // blocks keep the --block-time schedule; without one it mines on demand (no guarantee).
+      // A user's defaults for eip155:8453 but two settings (README, "Performance"): anvil serves
+      // eth_sendRawTransactionSync (EIP-7966), off by default; its blocks keep the --block-time
+      // schedule (2 s is Base's default), and without one it mines on demand (no guaranteed interval).
       X402_POLICY: JSON.stringify({ sendRawTransactionSync: true, minBlockIntervalMs: BLOCK_TIME_S * 1000 }),
       // A burst of 1,000 settlements spans several blocks: answers wait for their receipts.
       ...(BLOCK_TIME_S > 0 ? { X402_RECEIPT_TIMEOUT_MS: "180000" } : {}),

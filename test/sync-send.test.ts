@@ -1,6 +1,6 @@
 // eth_sendRawTransactionSync (EIP-7966): where the policy enables it and the node serves it, a
 // settlement is sent and its receipt comes back in one round trip (no receipt polls); an endpoint
-// that does not know the method gets the plain send, and the settlement is the same on chain.
+// that does not know the method, or refuses it, gets the plain send, and the settlement is the same on chain.
 // Counted at an RPC proxy in front of a real anvil.
 import { afterEach, describe, expect, it } from "vitest";
 import type { Address, Hex } from "viem";
@@ -74,6 +74,24 @@ describe("synchronous sends", () => {
     for (const a of await answers) expect(a, JSON.stringify(a)).toMatchObject({ success: true });
     expect(await nonceOf(rig.anvil.rpcUrl, signer)).toBe(nonce + bodies.length);
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(1n + 10n * BigInt(bodies.length));
+  });
+
+  it("a provider that refuses the method in its own words (not -32601): the same transaction goes the plain way and settles; the method is not asked again", async () => {
+    rig = await startRig();
+    proxy = await startRpcFaultProxy({ upstream: rig.anvil.rpcUrl });
+    proxy.configure({ schedule: { eth_sendRawTransactionSync: ["method_disallowed"] } });
+    const f = await rig.facilitator({ rpcUrls: [proxy.url], policy: { sendRawTransactionSync: true } });
+    const signer = f.signers[0] as Address;
+    const nonce = await nonceOf(rig.anvil.rpcUrl, signer);
+    const answers: Record<string, unknown>[] = [];
+    const calls = await callsOf(proxy, async () => {
+      for (const amount of [5n, 6n]) answers.push((await postJson(`${f.url}/settle`, await rig!.payment(amount))).json);
+    });
+    for (const a of answers) expect(a).toMatchObject({ success: true });
+    expect(calls.eth_sendRawTransactionSync).toBe(1);
+    expect(calls.eth_sendRawTransaction).toBe(2);
+    expect(await nonceOf(rig.anvil.rpcUrl, signer)).toBe(nonce + 2);
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(11n);
   });
 
   it("off by default: the plain send and a receipt poll", async () => {

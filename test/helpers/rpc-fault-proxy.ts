@@ -13,8 +13,11 @@ import type { Socket } from "node:net";
 import { prng } from "./seeded.ts";
 
 export const FAULT_KINDS = ["http_429", "http_429_retry_after", "http_500", "http_502", "http_503", "timeout", "malformed_json", "truncated", "rpc_error", "drop"] as const;
-/** Drawn at random: FAULT_KINDS; by schedule only: also a node that does not know the method. */
-export type FaultKind = (typeof FAULT_KINDS)[number] | "method_not_found";
+/**
+ * Drawn at random: FAULT_KINDS; by schedule only: also a node that does not know the method, and a
+ * provider that refuses it in its own words (not -32601).
+ */
+export type FaultKind = (typeof FAULT_KINDS)[number] | "method_not_found" | "method_disallowed";
 
 export interface FaultPlan {
   /** Probability (0..1) that an eligible request is faulted. */
@@ -75,7 +78,7 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
   const random = prng(seed);
   let plan: FaultPlan = opts.plan ?? {};
   const holdMs = opts.holdMs ?? 5000;
-  const injected = Object.fromEntries([...FAULT_KINDS, "method_not_found"].map((k) => [k, 0])) as Record<FaultKind, number>;
+  const injected = Object.fromEntries([...FAULT_KINDS, "method_not_found", "method_disallowed"].map((k) => [k, 0])) as Record<FaultKind, number>;
   const injectedByMethod: Record<string, Partial<Record<FaultKind, number>>> = {};
   const calls: Record<string, number> = {};
   const requests = { total: 0, batches: 0 };
@@ -164,6 +167,11 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
       case "method_not_found":
         // A node that does not know the method (JSON-RPC -32601), e.g. an optional extension.
         return send(res, 200, JSON.stringify(batch ? list.map((c) => ({ jsonrpc: "2.0", id: c.id ?? null, error: { code: -32601, message: "Method not found" } })) : { jsonrpc: "2.0", id: list[0]?.id ?? null, error: { code: -32601, message: "Method not found" } }));
+      case "method_disallowed": {
+        // A hosted provider's refusal of a method its plan does not serve, worded its own way.
+        const error = (c: RpcCall) => ({ jsonrpc: "2.0", id: c.id ?? null, error: { code: -32600, message: `Unsupported method: ${c.method} on this network. See the provider's docs for the methods served.` } });
+        return send(res, 200, JSON.stringify(batch ? list.map(error) : error(list[0]!)));
+      }
       case "rpc_error":
         // A batch with only some eligible calls: the others are answered by the node.
         return send(res, 200, rpcErrors(list, batch, batch ? faulted : () => true, batch && list.some((c) => !faulted(c)) ? (await forward(body)).text : undefined));

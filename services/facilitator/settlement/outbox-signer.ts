@@ -179,7 +179,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   const unminedTransfers = new Map<string, number>();
   const transferKey = (to: Address, data: Hex) => `${to.toLowerCase()}:${data.slice(34, 74).toLowerCase()}`;
   // Receipts that came with a synchronous send, taken by the receipt wait of the same transaction.
-  const syncReceipts = new Map<string, TransactionReceipt>();
+  const syncReceipts = new Map<string, { receipt: TransactionReceipt; sentAt: number }>();
   let syncUnservedUntil = 0;
   let syncInFlight = 0;
 
@@ -283,18 +283,19 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     try {
       const startedAt = performance.now();
       const receipt = await sendRawTransactionSync(client, { serializedTransaction: row.raw_tx });
-      // The block holding our transaction was made after we sent it: a head we saw, for free.
-      head.observe(receipt.blockNumber, startedAt);
       if (syncReceipts.size > 10_000) syncReceipts.clear(); // taken by the receipt wait; this bounds the rare leftovers
-      syncReceipts.set(row.hash, receipt);
+      syncReceipts.set(row.hash, { receipt, sentAt: startedAt });
       return true;
     } catch (e) {
       const code = rpcErrorCode(e);
       // EIP-7966: accepted into the pool, not mined within the timeout. The receipt wait polls for it.
       if (code === 4) return true;
-      if (code === -32601 || /method .*not (found|supported|available)|does not exist/i.test(safeMessage(e))) {
+      // "Method not found", or a refusal that says nothing about the transaction (providers word an
+      // unserved or disallowed method in many ways): the same transaction goes the plain way, whose
+      // answer is the node's verdict (a repeat of one it has is "already known": as good as sent).
+      if (code === -32601 || /method .*not (found|supported|available)|does not exist/i.test(safeMessage(e)) || classifySendError(e) === "rejected") {
         syncUnservedUntil = Date.now() + SYNC_REPROBE_MS;
-        opts.logger.info({ network }, "the RPC endpoint does not serve eth_sendRawTransactionSync; sending the plain way");
+        opts.logger.info({ network, err: broadcastErrorLine(e) }, "the RPC endpoint does not serve eth_sendRawTransactionSync; sending the plain way");
         return false;
       }
       throw e;
@@ -527,9 +528,12 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
    * canonical one at its height (the endpoint's word alone is not the chain's); else the receipt wait polls.
    */
   async function takeSyncReceipt(hash: Hex): Promise<{ hash: Hex; receipt: TransactionReceipt } | undefined> {
-    const receipt = syncReceipts.get(hash);
+    const taken = syncReceipts.get(hash);
     syncReceipts.delete(hash);
-    return receipt && opts.confirmations <= 1 && (await isCanonical(opts.chain, receipt)) ? { hash, receipt } : undefined;
+    if (!taken || opts.confirmations > 1 || !(await isCanonical(opts.chain, taken.receipt))) return undefined;
+    // The block holding our transaction was made after we sent it: a head we saw, for free.
+    head.observe(taken.receipt.blockNumber, taken.sentAt);
+    return { hash, receipt: taken.receipt };
   }
 
   /** A mined revert's decoded reason (the store explained it when marking it) into the payment's context. */
