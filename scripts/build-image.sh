@@ -94,8 +94,9 @@ command -v runc >/dev/null || missing+=(runc)
 if ((${#missing[@]})); then
   echo "image: installing ${missing[*]} from Debian's packages" >&2
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >&2
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >"$cache_root/.apt-install.log" 2>&1 \
+  # CI builds the image beside the Go builds (ensure-installed.mjs): another install may hold dpkg's lock
+  apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
+  apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >"$cache_root/.apt-install.log" 2>&1 \
     || { tail -20 "$cache_root/.apt-install.log" >&2; exit 1; }
 fi
 

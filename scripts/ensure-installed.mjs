@@ -4,7 +4,7 @@
 // and on CI (CI=true) builds the Kubernetes control plane the operator and chart suites run on, a
 // real node's kubelet and runtime (test/node.test.ts) and its NetworkPolicy engine, Prometheus with
 // promtool for the monitoring suites, and the container image (test/image.test.ts).
-import { execSync } from "node:child_process";
+import { execSync, spawn } from "node:child_process";
 import { existsSync, statSync } from "node:fs";
 
 const marker = "node_modules/.package-lock.json";
@@ -31,16 +31,18 @@ try {
 // The control-plane suites fail on CI without their binaries, so a cold CI machine builds them
 // here (cached by version: a later run is a stat). Elsewhere those suites skip with a hint.
 if (process.env.CI === "true" && process.env.npm_lifecycle_event === "pretest") {
+  // The image from the Dockerfile, with base images made here (no registry), for the image and node
+  // suites: mostly downloads and unpacking, so it runs beside the Go builds, which use both cores.
+  const image = new Promise((resolve, reject) =>
+    spawn("bash", ["scripts/build-image.sh"], { stdio: ["ignore", "ignore", "inherit"] }).on("exit", (code) => (code === 0 ? resolve() : reject(new Error(`scripts/build-image.sh exited with ${code}`)))),
+  );
+  image.catch(() => undefined); // reported below, after the Go builds
   execSync("bash scripts/build-control-plane.sh", { stdio: ["ignore", "ignore", "inherit"] });
   // and a real node's parts (kubelet and kube-proxy from the same module and caches, CoreDNS from its
   // module: a few minutes more; the pause image; containerd, runc, CNI plugins and nft from Debian's
   // packages), for the node and cluster-e2e suites
   execSync("bash scripts/build-node.sh", { stdio: ["ignore", "ignore", "inherit"] });
-  // and kube-network-policies from its Go module, the NetworkPolicy engine the cluster-e2e suite
-  // runs beside kube-proxy to prove the chart's and the operator's policies by refused connections
-  execSync("bash scripts/build-network-policies.sh", { stdio: ["ignore", "ignore", "inherit"] });
   // and Prometheus with promtool, for the monitoring suites (dashboards on a real Prometheus, alert unit tests)
   execSync("bash scripts/build-prometheus.sh", { stdio: ["ignore", "ignore", "inherit"] });
-  // and the image from the Dockerfile, with base images made here (no registry), for the image suite
-  execSync("bash scripts/build-image.sh", { stdio: ["ignore", "ignore", "inherit"] });
+  await image;
 }
