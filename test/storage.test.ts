@@ -145,3 +145,54 @@ describe("replicas starting together on a fresh PostgreSQL database", () => {
     }
   });
 });
+
+describe("one embedded store, one process", () => {
+  it("a second process opening the same data directory waits, unready, until the first closes it; a holder killed with SIGKILL is taken over once its lock goes stale", async () => {
+    const { spawn } = await import("node:child_process");
+    const { serviceDatabase, startService } = await import("../services/platform/lifecycle.ts");
+    const { StoreLockedError } = await import("../services/platform/storage.ts");
+    const { pino } = await import("pino");
+    const dir = await mkdtemp(join(tmpdir(), "x402-store-lock-"));
+    dirs.push(dir);
+    const dataDir = join(dir, "store");
+    const first = await openDatabase({ dataDir, migrations: migrations("held") });
+    await first.query("INSERT INTO held (id, n) VALUES ('a', 1)");
+    // the engine itself would open it a second time (two PostgreSQLs over one directory): refused
+    await expect(openDatabase({ dataDir })).rejects.toBeInstanceOf(StoreLockedError);
+
+    // a service starting meanwhile waits (it logs why) and opens the store once the first closes it
+    const lines: string[] = [];
+    const logger = pino({ level: "warn" }, { write: (l: string) => void lines.push(l) });
+    let opened = false;
+    const second = startService(async (life) => {
+      const db = await serviceDatabase(life, { dataDir }, migrations("held"), { logger });
+      opened = true;
+      return { db, rows: await db.query<{ id: string }>("SELECT id FROM held") };
+    });
+    await new Promise((r) => setTimeout(r, 1500));
+    expect(opened).toBe(false);
+    expect(lines.join("")).toContain("the embedded store is held by another process");
+    await first.close();
+    const running = await second;
+    expect(running.rows).toEqual([{ id: "a" }]);
+    await running.close();
+
+    // a holder that dies without closing (SIGKILL: a container killed) leaves its lock, taken over once stale
+    const script = `const { openDatabase } = await import(${JSON.stringify(new URL("../services/platform/storage.ts", import.meta.url).href)});
+await openDatabase({ dataDir: process.env.DATA_DIR });
+process.stdout.write("open\\n");
+setInterval(() => undefined, 1000);`;
+    const holder = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script], { env: { ...process.env, DATA_DIR: dataDir }, stdio: ["ignore", "pipe", "inherit"] });
+    await new Promise<void>((resolve, reject) => {
+      holder.stdout!.on("data", (d: Buffer) => d.toString().includes("open") && resolve());
+      holder.once("exit", (code) => reject(new Error(`the holder exited (${code})`)));
+    });
+    await expect(openDatabase({ dataDir })).rejects.toBeInstanceOf(StoreLockedError);
+    holder.kill("SIGKILL");
+    await new Promise((r) => holder.once("exit", r));
+    const after = startService(async (life) => ({ db: await serviceDatabase(life, { dataDir }, [], { logger }) }));
+    const taken = await after;
+    expect(await taken.db.query("SELECT count(*)::int AS n FROM held")).toEqual([{ n: 1 }]);
+    await taken.close();
+  }, 60_000);
+});

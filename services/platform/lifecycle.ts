@@ -5,7 +5,7 @@ import type { FastifyInstance } from "fastify";
 import type { Registry } from "prom-client";
 import { startAdminServer, type AdminOptions, type RunningAdmin } from "./admin.ts";
 import { safeMessage, type Logger } from "./logger.ts";
-import { describeDatabase, isDatabaseUnavailable, mayBeMisconfigured, migrate, openDatabase, type Database, type Migration } from "./storage.ts";
+import { StoreLockedError, describeDatabase, isDatabaseUnavailable, mayBeMisconfigured, migrate, openDatabase, type Database, type Migration } from "./storage.ts";
 import type { ServerTimeouts } from "./timeouts.ts";
 
 export interface Lifecycle {
@@ -83,7 +83,8 @@ export async function serviceDatabase(life: Lifecycle, opts: DatabaseOptions, mi
       try {
         return life.own(await openDatabase({ url: opts.databaseUrl, dataDir: opts.databaseUrl ? undefined : opts.dataDir, migrations }));
       } catch (e) {
-        if (!opts.databaseUrl || !wait || !isDatabaseUnavailable(e)) throw e;
+        const held = e instanceof StoreLockedError; // another process's embedded store until it exits
+        if (!wait || !(held || (opts.databaseUrl && isDatabaseUnavailable(e)))) throw e;
         const err = { code: (e as { code?: unknown }).code, message: safeMessage(e) };
         const database = describeDatabase(opts.databaseUrl);
         // A host that never resolves, or a port where something else answers, is most likely a wrong
@@ -93,7 +94,8 @@ export async function serviceDatabase(life: Lifecycle, opts: DatabaseOptions, mi
           const bound = wait.misconfiguredAfterMs ?? MISCONFIGURED_AFTER_MS;
           if (Date.now() - suspectSince > bound) throw new Error(`the database ${database} was not reachable for ${bound / 1000} s (${err.message}): check DATABASE_URL`);
         } else suspectSince = undefined;
-        wait.logger[suspectSince ? "error" : "warn"]({ attempt, err, retryInMs: delayMs, database }, suspectSince ? "the database host does not resolve or is not PostgreSQL; is DATABASE_URL right? waiting, unready" : "the database cannot be reached; waiting for it, unready");
+        if (held) wait.logger.warn({ attempt, err, retryInMs: delayMs }, "the embedded store is held by another process (one terminating beside this one?); waiting for it, unready");
+        else wait.logger[suspectSince ? "error" : "warn"]({ attempt, err, retryInMs: delayMs, database }, suspectSince ? "the database host does not resolve or is not PostgreSQL; is DATABASE_URL right? waiting, unready" : "the database cannot be reached; waiting for it, unready");
         // Alive and unready meanwhile: probes see /healthz answer and /readyz refuse, so nothing restarts the process.
         if (wait.admin && !waitingAdmin) {
           waitingAdmin = await startAdminServer({ ...wait.admin, logger: wait.logger, checks: [{ name: "store", check: async () => false }] }).catch(() => undefined);

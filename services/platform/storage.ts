@@ -47,22 +47,69 @@ await db.close();`;
   );
 }
 
+/** The embedded store's data directory is held by another process (a pod still terminating beside its replacement). */
+export class StoreLockedError extends Error {
+  override name = "StoreLockedError";
+  readonly code = "ELOCKED";
+}
+
+// A lock held by a process that died (SIGKILL, a node lost) is taken over once its holder stopped
+// refreshing it for this long.
+const STORE_LOCK_STALE_MS = 10_000;
+
+/**
+ * The data directory for this process alone, until `release`: PGlite opens one directory from two
+ * processes without complaint (each its own PostgreSQL over the same files), which is what a
+ * replacement pod beside a terminating one on the same volume would do, two signers on one store.
+ * A lock directory beside it (`<dir>.lock`, on the same volume), refreshed while held.
+ */
+async function lockDataDir(dataDir: string): Promise<() => Promise<void>> {
+  const lockfile = await import("proper-lockfile");
+  try {
+    return await lockfile.lock(dataDir, {
+      stale: STORE_LOCK_STALE_MS,
+      realpath: false,
+      // Lost while held (its refresh failed, or another process took it as stale): nothing may write any more.
+      onCompromised: (e) => {
+        process.stderr.write(`x402-fleet: the lock of the embedded store ${dataDir} was lost (${e.message}); exiting so that no two processes write it\n`);
+        process.exit(70);
+      },
+    });
+  } catch (e) {
+    if ((e as { code?: string }).code === "ELOCKED") throw new StoreLockedError(`the embedded store ${dataDir} is held by another process`);
+    throw e;
+  }
+}
+
 async function openEmbedded(dataDir?: string): Promise<Database> {
   const { PGlite } = await import("@electric-sql/pglite");
   const startParams = [...(PGlite as unknown as { defaultStartParams: string[] }).defaultStartParams, ...EMBEDDED_SETTINGS];
+  let release = async () => undefined as void;
   if (dataDir) {
     mkdirSync(dataDir, { recursive: true });
+    release = await lockDataDir(dataDir);
+  }
+  try {
     // A new data directory is initialised by initdb, whose memory stays with the process that ran
     // it (~500 MB resident, ~100 MB even after closing): a short-lived child process does it.
-    if (!existsSync(join(dataDir, "PG_VERSION"))) await initialiseInChild(dataDir, startParams);
+    if (dataDir && !existsSync(join(dataDir, "PG_VERSION"))) await initialiseInChild(dataDir, startParams);
+    const db = await PGlite.create(dataDir ? { dataDir, startParams } : { startParams });
+    return {
+      kind: "embedded",
+      query: async (sql, params) => (await db.query(sql, params)).rows as never[],
+      transaction: (fn) => db.transaction((tx) => fn({ query: async (sql, params) => (await tx.query(sql, params)).rows as never[] })),
+      close: async () => {
+        try {
+          await db.close();
+        } finally {
+          await release();
+        }
+      },
+    };
+  } catch (e) {
+    await release();
+    throw e;
   }
-  const db = await PGlite.create(dataDir ? { dataDir, startParams } : { startParams });
-  return {
-    kind: "embedded",
-    query: async (sql, params) => (await db.query(sql, params)).rows as never[],
-    transaction: (fn) => db.transaction((tx) => fn({ query: async (sql, params) => (await tx.query(sql, params)).rows as never[] })),
-    close: () => db.close(),
-  };
 }
 
 async function openPostgres(url: string): Promise<Database> {
