@@ -61,7 +61,8 @@ const STORE_LOCK_STALE_MS = 10_000;
  * The data directory for this process alone, until `release`: PGlite opens one directory from two
  * processes without complaint (each its own PostgreSQL over the same files), which is what a
  * replacement pod beside a terminating one on the same volume would do, two signers on one store.
- * A lock directory beside it (`<dir>.lock`, on the same volume), refreshed while held.
+ * A lock directory inside it (`.x402-fleet.lock`: the data directory may be a volume's root, whose
+ * parent is a read-only root filesystem), refreshed while held.
  */
 async function lockDataDir(dataDir: string): Promise<() => Promise<void>> {
   const lockfile = await import("proper-lockfile");
@@ -69,6 +70,7 @@ async function lockDataDir(dataDir: string): Promise<() => Promise<void>> {
     return await lockfile.lock(dataDir, {
       stale: STORE_LOCK_STALE_MS,
       realpath: false,
+      lockfilePath: join(dataDir, ".x402-fleet.lock"),
       // Lost while held (its refresh failed, or another process took it as stale): nothing may write any more.
       onCompromised: (e) => {
         process.stderr.write(`x402-fleet: the lock of the embedded store ${dataDir} was lost (${e.message}); exiting so that no two processes write it\n`);
