@@ -42,6 +42,9 @@ if (process.env.CI === "true" && process.env.npm_lifecycle_event === "pretest") 
   // module: a few minutes more; the pause image; containerd, runc, CNI plugins and nft from Debian's
   // packages), for the node and cluster-e2e suites
   execSync("bash scripts/build-node.sh", { stdio: ["ignore", "ignore", "inherit"] });
+  // and kube-network-policies from its Go module, the NetworkPolicy engine the cluster-e2e suite
+  // runs beside kube-proxy to prove the chart's and the operator's policies by refused connections
+  execSync("bash scripts/build-network-policies.sh", { stdio: ["ignore", "ignore", "inherit"] });
   // and Prometheus with promtool, for the monitoring suites (dashboards on a real Prometheus, alert unit tests)
   execSync("bash scripts/build-prometheus.sh", { stdio: ["ignore", "ignore", "inherit"] });
   await image;
