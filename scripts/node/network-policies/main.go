@@ -1,14 +1,26 @@
 // kube-network-policies (sigs.k8s.io/kube-network-policies) for the test node, run as a host
-// process beside kube-proxy: upstream's NetworkPolicy controller (its nftables table diverts the first
-// packet of each connection to or from a policed pod to an nfqueue, where the policies judge it),
-// started with a kubeconfig. Upstream's own main (cmd/) connects in-cluster only, ignores its
-// --disable-nri flag and stops on SIGINT only; this one takes --kubeconfig, never dials NRI (pod IPs
-// come from the API server), stops on SIGTERM too, and exits non-zero when the controller stops
-// (an nfqueue it cannot bind would otherwise leave traffic to policed pods dropped silently).
+// process beside kube-proxy: upstream's NetworkPolicy controller, which judges the first packet of
+// each connection read from an nfqueue against the NetworkPolicies (pods and namespaces from the API
+// server) and accepts or drops it, started with a kubeconfig. Upstream's own main (cmd/) connects
+// in-cluster only, ignores its --disable-nri flag and stops on SIGINT only; this one takes
+// --kubeconfig, never reaches a runtime's NRI socket (pod IPs come from the API server), stops on
+// SIGTERM too, and exits non-zero when the controller stops (an nfqueue it cannot bind would leave
+// traffic dropped). NRI: Config.NRIdisabled would be the way, but v0.8.0 then calls its nil NRI
+// plugin for every address that is no pod's (a panic at the first packet from this host or the
+// internet); so the plugin is kept and given no socket (NRI_PLUGIN_SOCKET=none: its start fails,
+// logged, before any dial).
+// It also serves /known: the NetworkPolicies and pod addresses in the controller's own informer
+// caches (the same shared informers), so a test knows when a policy it wrote is being enforced.
+//
+// The controller also writes its own nftables table to send packets to the queue; a kernel built
+// without nft's queue expression (CONFIG_NFT_QUEUE) refuses that table, and the controller logs the
+// failure and judges whatever reaches its queue: test/helpers/network-policy.ts then sends the
+// packets with an xtables NFQUEUE rule.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,6 +30,7 @@ import (
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -38,12 +51,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "network-policies: --kubeconfig and --hostname-override are required")
 		os.Exit(2)
 	}
+	if os.Getenv("NRI_PLUGIN_SOCKET") == "" {
+		_ = os.Setenv("NRI_PLUGIN_SOCKET", "none")
+	}
 	os.Exit(run(*kubeconfig, *metrics, networkpolicy.Config{
 		QueueID:             *queueID,
 		NodeName:            *nodeName,
 		NFTableName:         *table,
 		NetfilterBug1766Fix: *dnsFix,
-		NRIdisabled:         true,
 	}))
 }
 
@@ -72,6 +87,25 @@ func run(kubeconfig, metrics string, cfg networkpolicy.Config) int {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.Handler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	policies, pods := factory.Networking().V1().NetworkPolicies().Lister(), factory.Core().V1().Pods().Lister()
+	mux.HandleFunc("/known", func(w http.ResponseWriter, _ *http.Request) {
+		known := struct {
+			Policies []string          `json:"policies"`
+			Pods     map[string]string `json:"pods"`
+		}{Policies: []string{}, Pods: map[string]string{}}
+		all, _ := policies.List(labels.Everything())
+		for _, p := range all {
+			known.Policies = append(known.Policies, p.Namespace+"/"+p.Name)
+		}
+		running, _ := pods.List(labels.Everything())
+		for _, p := range running {
+			for _, ip := range p.Status.PodIPs {
+				known.Pods[ip.IP] = p.Namespace + "/" + p.Name
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(known)
+	})
 	server := &http.Server{Addr: metrics, Handler: mux}
 	go func() {
 		if err := server.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
