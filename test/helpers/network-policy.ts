@@ -1,14 +1,20 @@
 // A NetworkPolicy engine for a real node (test/helpers/node.ts): kube-network-policies
 // (sigs.k8s.io/kube-network-policies, built by scripts/build-network-policies.sh), run on this host
-// beside kube-proxy as a node's network plugin would run it. Its inet nftables table sends the
-// first packet of every new connection to or from a pod that a NetworkPolicy selects to an nfqueue,
-// where the engine judges it against the policies (pods and namespaces from the API server, the
-// node's pods only) and accepts or drops it: a refused connection times out. What it never judges:
-// traffic from a root process of this host (its own rule: kubelet probes, this test process), DNS
-// over UDP, and connections already established when a policy appears.
-// Its table (`inet kube-network-policies`) and queue number are fixed: one engine per host at a time.
-// The table is deleted at stop (the engine deletes it itself on SIGTERM; checked, and deleted here
-// if it is left). Needs root, nf_tables and nfnetlink_queue.
+// beside kube-proxy as a node's network plugin would run it. The first packet of every new
+// connection to or from one of the node's pods goes to an nfqueue, where the engine judges it
+// against the NetworkPolicies (pods and namespaces from the API server) and accepts or drops it: a
+// refused connection times out. Never judged, as upstream does it: traffic from a root process of
+// this host (kubelet probes, this test process), connections established before a policy appears.
+//
+// Upstream sends packets to its queue from an nftables table of its own, with nft's queue
+// expression; a kernel without it (CONFIG_NFT_QUEUE unset, as on this project's machine: nft
+// answers "No such file or directory") refuses that table. Then the packets go to the same queue
+// through an xtables NFQUEUE rule (iptables, nf_tables backend: chain X402-NETPOL in `ip mangle`,
+// at postrouting, before kube-proxy's masquerade, after its DNAT), for the pod subnet's new
+// connections except root's, and the verdicts are still the engine's. Whichever it is, it is
+// removed at stop (with `ip mangle` itself when this helper created it), checked with `nft list
+// tables`. The queue number is fixed: one engine per host at a time. Needs root, nf_tables,
+// nfnetlink_queue and, without nft's queue, iptables with the NFQUEUE target.
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { createWriteStream, existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -22,10 +28,10 @@ import { until } from "./wait.ts";
 const BUILD_SCRIPT = fileURLToPath(new URL("../../scripts/build-network-policies.sh", import.meta.url));
 const HOW_TO_ENABLE = "build it with scripts/build-network-policies.sh (kube-network-policies from its Go module, ~7 min cold)";
 const QUEUES = "/proc/net/netfilter/nfnetlink_queue";
-/** The engine's nftables table (`nft list table inet <TABLE>`), and its set of the policed pods' IPv4 addresses. */
-export const NETWORK_POLICY_TABLE = "kube-network-policies";
-const POLICED_SET = "podips-v4";
+/** Upstream's own nftables table (kept only where the kernel takes it). */
+const UPSTREAM_TABLE = "kube-network-policies";
 const QUEUE_ID = 100;
+const CHAIN = "X402-NETPOL";
 
 /** The built engine, or why it cannot run here. */
 export function networkPolicyBinary(): { path: string } | { missing: string } {
@@ -35,6 +41,7 @@ export function networkPolicyBinary(): { path: string } | { missing: string } {
   if (!existsSync(join(dir, ".complete"))) return { missing: `${dir} is not built` };
   if (!existsSync(QUEUES)) return { missing: `the kernel has no nfnetlink_queue (${QUEUES})` };
   if (spawnSync("sh", ["-c", "command -v nft"]).status !== 0) return { missing: "nft is not installed" };
+  if (!nftQueue() && spawnSync("sh", ["-c", "command -v iptables"]).status !== 0) return { missing: "the kernel has no nft queue expression and iptables is not installed" };
   return { path: join(dir, "kube-network-policies") };
 }
 
@@ -52,37 +59,66 @@ export function networkPolicyAvailability(suite: string): { run: boolean; fail?:
 }
 
 export interface NetworkPolicyEngine {
-  /** The IPv4 addresses of the node's pods that some NetworkPolicy selects (the engine's nft set): only their connections are judged. */
-  policed(): string[];
-  /** The engine's log (with -v=2 every judged packet: `Evaluating packet` with its pods, then its verdict). */
+  /** What the engine's informer caches hold now: NetworkPolicies (namespace/name) and pods by address. */
+  known(): Promise<{ policies: string[]; pods: Record<string, string> }>;
+  /** The engine's log (with -v=2 every judged packet: `"Evaluating packet" srcPod=… dstPod=…`, then its verdict). */
   log(): string;
   stop(): Promise<void>;
 }
 
 const tables = () => spawnSync("nft", ["list", "tables"], { encoding: "utf8" }).stdout.split("\n").map((l) => l.trim()).filter(Boolean);
-const ourTable = `table inet ${NETWORK_POLICY_TABLE}`;
-const deleteTable = () => spawnSync("nft", ["delete", "table", "inet", NETWORK_POLICY_TABLE], { stdio: "ignore" });
+const sh = (cmd: string, args: string[]) => {
+  const r = spawnSync(cmd, args, { encoding: "utf8" });
+  return { ok: r.status === 0, output: `${r.stdout}${r.stderr}` };
+};
+/** Whether this kernel takes nft's queue expression (upstream's table), tried in a table of its own. */
+function nftQueue(): boolean {
+  const probe = `x402-nfq-probe-${process.pid}`;
+  const ok = spawnSync("nft", ["-f", "-"], { input: `table inet ${probe} { chain c { queue num ${QUEUE_ID}; }; }\n`, stdio: ["pipe", "ignore", "ignore"] }).status === 0;
+  sh("nft", ["delete", "table", "inet", probe]);
+  return ok;
+}
 /** Whether some process has bound the engine's nfqueue (the file lists bound queues only). */
 const queueBound = () => readFileSync(QUEUES, "utf8").split("\n").some((l) => l.trim().split(/\s+/)[0] === String(QUEUE_ID));
 
-let running: ChildProcess | undefined;
-// A test worker that dies must not leave the table behind: its queue rules would drop the first
-// packets of the node's policed pods with nobody listening.
+/** The xtables diversion: the pod subnet's new connections, but root's, to the queue (no bypass: dropped while nobody judges). */
+function divert(podSubnet: string) {
+  const rules = [
+    ["-m", "owner", "--uid-owner", "0", "-j", "RETURN"],
+    ["-m", "conntrack", "!", "--ctstate", "NEW", "-j", "RETURN"],
+    ["-s", podSubnet, "-j", "NFQUEUE", "--queue-num", String(QUEUE_ID)],
+    ["-d", podSubnet, "-j", "NFQUEUE", "--queue-num", String(QUEUE_ID)],
+  ];
+  for (const args of [["-N", CHAIN], ...rules.map((r) => ["-A", CHAIN, ...r]), ["-I", "POSTROUTING", "-j", CHAIN]]) {
+    const r = sh("iptables", ["-w", "-t", "mangle", ...args]);
+    if (!r.ok) throw new Error(`network policies: iptables -t mangle ${args.join(" ")}: ${r.output}`);
+  }
+}
+function undivert() {
+  while (sh("iptables", ["-w", "-t", "mangle", "-D", "POSTROUTING", "-j", CHAIN]).ok);
+  sh("iptables", ["-w", "-t", "mangle", "-F", CHAIN]);
+  sh("iptables", ["-w", "-t", "mangle", "-X", CHAIN]);
+}
+const diverted = () => sh("iptables", ["-w", "-t", "mangle", "-S", CHAIN]).ok;
+
+let running: { child: ChildProcess; cleanup: () => void } | undefined;
+// A test worker that dies must not leave the diversion behind: packets queued with nobody judging are dropped.
 process.once("exit", () => {
   if (!running) return;
-  running.kill("SIGKILL");
-  deleteTable();
+  running.child.kill("SIGKILL");
+  running.cleanup();
 });
 
 export async function startNetworkPolicies(cp: ControlPlane, node: RealNode): Promise<NetworkPolicyEngine> {
   const found = networkPolicyBinary();
   if (!("path" in found)) throw new Error(`no NetworkPolicy engine: ${found.missing}; ${HOW_TO_ENABLE}`);
   if (running) throw new Error("network policies: an engine already runs in this process");
-  if (tables().includes(ourTable)) {
-    if (queueBound()) throw new Error(`network policies: another engine runs on this host (table inet ${NETWORK_POLICY_TABLE}, nfqueue ${QUEUE_ID} bound)`);
-    deleteTable(); // left by a killed run: nobody reads its queue
-  }
+  if (queueBound()) throw new Error(`network policies: nfqueue ${QUEUE_ID} is bound: another engine runs on this host`);
+  // left by a killed run: nobody reads its queue
+  if (tables().includes(`table inet ${UPSTREAM_TABLE}`)) sh("nft", ["delete", "table", "inet", UPSTREAM_TABLE]);
+  if (diverted()) undivert();
   const before = new Set(tables());
+  const viaXtables = !nftQueue();
   const dir = mkdtempSync(join(tmpdir(), "x402-netpol-"));
   const logFile = join(dir, "kube-network-policies.log");
   const out = createWriteStream(logFile);
@@ -94,63 +130,65 @@ export async function startNetworkPolicies(cp: ControlPlane, node: RealNode): Pr
       `--hostname-override=${node.name}`,
       `--metrics-bind-address=127.0.0.1:${metricsPort}`,
       `--nfqueue-id=${QUEUE_ID}`,
-      `--nftables-table=${NETWORK_POLICY_TABLE}`,
+      `--nftables-table=${UPSTREAM_TABLE}`,
       "--v=2",
     ],
     { cwd: dir, env: { PATH: process.env.PATH ?? "", HOME: dir }, stdio: ["ignore", "pipe", "pipe"] },
   );
   child.stdout!.pipe(out);
   child.stderr!.pipe(out);
-  running = child;
+  /** Whatever it or this helper created: the diversion, upstream's table, `ip mangle` when it was not there before. */
+  const cleanup = () => {
+    if (viaXtables) undivert();
+    if (tables().includes(`table inet ${UPSTREAM_TABLE}`)) sh("nft", ["delete", "table", "inet", UPSTREAM_TABLE]);
+    // iptables leaves `ip mangle` with its empty base chains: deleted when it holds nothing else
+    if (!before.has("table ip mangle") && tables().includes("table ip mangle") && !/\n\s*-A /.test(`\n${sh("iptables", ["-w", "-t", "mangle", "-S"]).output}`)) sh("nft", ["delete", "table", "ip", "mangle"]);
+  };
+  running = { child, cleanup };
   let stopped = false;
   child.once("exit", (code, signal) => {
-    if (running === child) running = undefined;
     if (!stopped) out.write(`\n[harness] kube-network-policies exited (${code ?? signal})\n`);
   });
   const log = () => (existsSync(logFile) ? readFileSync(logFile, "utf8") : "");
   const tail = () => log().split("\n").slice(-40).join("\n");
-  const policed = () => {
-    const r = spawnSync("nft", ["-j", "list", "set", "inet", NETWORK_POLICY_TABLE, POLICED_SET], { encoding: "utf8" });
-    if (r.status !== 0) return [];
-    const set = (JSON.parse(r.stdout) as { nftables: { set?: { elem?: string[] } }[] }).nftables.find((e) => e.set)?.set;
-    return set?.elem ?? [];
-  };
+  const metrics = `http://127.0.0.1:${metricsPort}`;
 
   const stop = async () => {
     if (stopped) return;
     stopped = true;
+    if (viaXtables) undivert(); // first: nothing queued while the engine goes
     if (child.exitCode === null && child.signalCode === null) {
       const exited = new Promise((r) => child.once("exit", r));
-      child.kill("SIGTERM"); // it deletes its table on the way out
+      child.kill("SIGTERM"); // it deletes its own table on the way out
       const timer = setTimeout(() => child.kill("SIGKILL"), 15_000);
       await exited;
       clearTimeout(timer);
     }
-    // whatever it created and left (only its own table: other suites' runtimes may add tables meanwhile)
-    const left = tables().filter((t) => !before.has(t));
-    if (left.includes(ourTable)) {
-      deleteTable();
-      out.write(`\n[harness] deleted the table it left: ${ourTable}\n`);
-    }
+    cleanup();
+    running = undefined;
     out.end();
-    if (tables().includes(ourTable)) throw new Error(`network policies: ${ourTable} is still there after stop\n${tail()}`);
+    const left = tables().filter((t) => !before.has(t));
+    if (left.length || diverted()) throw new Error(`network policies: left after stop: ${[...left, ...(diverted() ? [`iptables chain ${CHAIN}`] : [])].join(", ")}\n${tail()}`);
     rmSync(dir, { recursive: true, force: true });
   };
 
   try {
-    // ready once its caches synced, its table is written and it listens on its queue
+    // ready once its caches synced and it listens on its queue (it opens the queue after the sync)
     await until(
       async () => {
         if (child.exitCode !== null || child.signalCode !== null) throw new Error(`network policies: kube-network-policies exited\n${tail()}`);
-        const healthy = await fetch(`http://127.0.0.1:${metricsPort}/healthz`, { signal: AbortSignal.timeout(2000) }).then((r) => r.ok, () => false);
-        return (healthy && tables().includes(ourTable) && queueBound()) || undefined;
+        const healthy = await fetch(`${metrics}/healthz`, { signal: AbortSignal.timeout(2000) }).then((r) => r.ok, () => false);
+        return (healthy && queueBound()) || undefined;
       },
-      "kube-network-policies: its table and its nfqueue",
+      "kube-network-policies listening on its nfqueue",
       60_000,
     );
+    if (viaXtables) divert(node.podSubnet);
+    else await until(() => tables().includes(`table inet ${UPSTREAM_TABLE}`) || undefined, "kube-network-policies' table", 30_000);
   } catch (e) {
     await stop().catch(() => undefined);
-    throw e;
+    throw new Error(`${(e as Error).message}\n${tail()}`);
   }
-  return { policed, log, stop };
+  const known = async () => (await (await fetch(`${metrics}/known`, { signal: AbortSignal.timeout(5000) })).json()) as { policies: string[]; pods: Record<string, string> };
+  return { known, log, stop };
 }
