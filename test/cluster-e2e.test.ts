@@ -13,6 +13,9 @@
 // new pod onto the same store) and a `helm upgrade` rolling every Deployment of the chart. Judged
 // on chain by the chaos harness's rules (test/helpers/chaos.ts): every payment told success is its
 // transfer on chain, once; no caller of a paid payment told failure; no valid payment refused.
+// A NetworkPolicy engine runs on the node throughout (kube-network-policies,
+// test/helpers/network-policy.ts); the last test proves the operator's and the chart's policies by
+// connections from pods, refused and admitted, a payment still settling through the router.
 // With CI=true a missing node, image or control plane fails the suite; elsewhere it is skipped with one line.
 import { randomBytes } from "node:crypto";
 import { readFileSync } from "node:fs";
@@ -22,6 +25,7 @@ import pg from "pg";
 import { privateKeyToAccount } from "viem/accounts";
 import { createPublicClient, http, type Address, type Hex } from "viem";
 import { ExactEvmScheme as ExactEvmClient } from "@x402/evm/exact/client";
+import { NetworkingV1Api } from "@kubernetes/client-node";
 import { startTestDevnet } from "./helpers/devnet.ts";
 import { postJson } from "./helpers/payments.ts";
 import { balanceOf, receiptStatus } from "./helpers/chain.ts";
@@ -32,6 +36,7 @@ import { CHART, helmOn } from "./helpers/helm.ts";
 import { PG_URL } from "./helpers/hub.ts";
 import { imageBuild } from "./helpers/image.ts";
 import { describeOnNode, hostAddress, startNode, type HostPort, type RealNode } from "./helpers/node.ts";
+import { networkPolicyAvailability, startNetworkPolicies, type NetworkPolicyEngine } from "./helpers/network-policy.ts";
 import type { RunningDevnet } from "../services/devnet/devnet.ts";
 
 const SUITE = "the chart on a real node";
@@ -51,6 +56,9 @@ describeOnNode(SUITE, () =>
     let postgres: HostPort;
     let helm: ReturnType<typeof helmOn>;
     let image: string;
+    // the NetworkPolicy engine, from the start: every test runs with the operator's policy enforced
+    const policyEngine = networkPolicyAvailability(SUITE);
+    let networkPolicies: NetworkPolicyEngine | undefined;
     const databases = [`x402_e2e_hub_${randomBytes(4).toString("hex")}`, `x402_e2e_wallets_${randomBytes(4).toString("hex")}`];
     const admin = () => new pg.Client({ connectionString: PG_URL });
     const sql = async (text: string) => {
@@ -74,6 +82,7 @@ describeOnNode(SUITE, () =>
       if (started[0].status === "fulfilled") node = started[0].value;
       if (started[1].status === "fulfilled") devnet = started[1].value;
       for (const s of started) if (s.status === "rejected") throw s.reason;
+      if (policyEngine.run) networkPolicies = await startNetworkPolicies(cp(), node);
       rpc = await node.expose(Number(new URL(devnet.info.networks[0]!.rpcUrl).port));
       postgres = await node.expose(Number(new URL(PG_URL).port || 5432));
       for (const db of databases) await sql(`CREATE DATABASE ${db}`);
@@ -81,9 +90,11 @@ describeOnNode(SUITE, () =>
     }, 600_000);
 
     afterAll(async () => {
+      const policiesLeft = await networkPolicies?.stop().then(() => undefined, (e: Error) => e);
       await node?.stop();
       await devnet?.stop();
       for (const db of databases) await sql(`DROP DATABASE IF EXISTS ${db} WITH (FORCE)`).catch(() => undefined);
+      if (policiesLeft) throw policiesLeft;
     }, 240_000);
 
     const pods = async (component: string) => (await cluster.core.listNamespacedPod({ namespace: NS, labelSelector: `app.kubernetes.io/component=${component}` })).items;
@@ -315,5 +326,161 @@ describeOnNode(SUITE, () =>
       expect(settledOnChain).toBe(successes());
       expect(payments.every((p) => p.callers.every((c) => c.final?.success))).toBe(true);
     }, 2 * READY_MS + 600_000);
+
+    it.skipIf(!policyEngine.run && !policyEngine.fail)(
+      "NetworkPolicies enforced on the node (kube-network-policies): the operator's admits only the router's pods to the facilitator's port 4021 and any peer to its admin port; the chart's refuses a peer outside publicFrom on the router's port 4020 and, with restrictEgress, the router's calls to anything but a facilitator; a payment through the router still settles; every pod stays Ready",
+      async () => {
+        if (policyEngine.fail) throw new Error(policyEngine.fail);
+        const engine = networkPolicies!;
+        const ready = async (component: string) =>
+          (await pods(component)).filter((p) => !p.metadata!.deletionTimestamp && p.status?.conditions?.some((c) => c.type === "Ready" && c.status === "True"));
+        const [facilitator] = await ready("facilitator");
+        const routers = await ready("router");
+        const [hub] = await ready("hub");
+        expect(facilitator && hub && routers.length).toBeTruthy();
+        /** Until the engine's caches hold these policies and pods (it judges packets by them). */
+        const enforcing = (policies: string[], pods: { metadata?: { name?: string }; status?: { podIP?: string } }[]) =>
+          until(
+            async () => {
+              const known = await engine.known();
+              return (policies.every((p) => known.policies.includes(`${NS}/${p}`)) && pods.every((p) => known.pods[p.status!.podIP!] === `${NS}/${p.metadata!.name}`)) || undefined;
+            },
+            `the engine knowing ${policies.join(", ")}`,
+            60_000,
+          );
+        // the operator's policy has selected the facilitator pod since the network exists
+        await enforcing(["base-facilitator"], [facilitator!, ...routers]);
+
+        const url = {
+          facilitator: `http://${facilitator!.status!.podIP}:4021/v2/supported`,
+          facilitatorAdmin: `http://${facilitator!.status!.podIP}:9421/healthz`,
+          router: `http://${routers[0]!.status!.podIP}:4020/v2/supported`,
+          routerAdmin: `http://${routers[0]!.status!.podIP}:9420/healthz`,
+          routerService: `http://${FULLNAME}-router/v2/supported`, // by name, through CoreDNS and kube-proxy
+          hubAdmin: `http://${hub!.status!.podIP}:9430/healthz`,
+        };
+        type Target = keyof typeof url;
+        // Fetches each URL at once, after a delay (a new pod's address reaches the engine through the
+        // API server), and prints one line per answer: the HTTP status, "timeout" (a dropped SYN) or an error code.
+        const PROBE = [
+          "const [delay, ...urls] = process.argv.slice(1);",
+          "setTimeout(() => urls.forEach(async (url) => {",
+          "  let answer;",
+          "  try { answer = (await fetch(url, { signal: AbortSignal.timeout(8000) })).status; }",
+          "  catch (e) { answer = e.name === 'TimeoutError' ? 'timeout' : String(e.cause?.code ?? e.message); }",
+          "  console.log('probe ' + JSON.stringify({ url, answer }));",
+          "}), Number(delay));",
+        ].join("\n");
+        const answers = (output: string, targets: Target[]) => {
+          const by = new Map([...output.matchAll(/probe (\{.*\})/g)].map((m) => JSON.parse(m[1]!) as { url: string; answer: number | string }).map((a) => [a.url, a.answer]));
+          return Object.fromEntries(targets.map((t) => [t, by.get(url[t]) ?? "no answer"])) as Partial<Record<Target, number | string>>;
+        };
+        let probes = 0;
+        /** A pod of the image in the release's namespace with these labels (restricted Pod Security), run once. */
+        const probeFrom = async (labels: Record<string, string>, targets: Target[]) => {
+          const name = `np-probe-${++probes}-${randomBytes(3).toString("hex")}`;
+          await cluster.core.createNamespacedPod({
+            namespace: NS,
+            body: {
+              metadata: { name, labels },
+              spec: {
+                restartPolicy: "Never",
+                automountServiceAccountToken: false,
+                securityContext: { runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532, seccompProfile: { type: "RuntimeDefault" } },
+                containers: [
+                  {
+                    name: "probe",
+                    image,
+                    imagePullPolicy: "Never",
+                    command: ["node", "-e", PROBE, "3000", ...targets.map((t) => url[t])],
+                    securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ["ALL"] } },
+                    resources: { requests: { cpu: "10m", memory: "64Mi" } },
+                  },
+                ],
+              },
+            },
+          });
+          const done = await until(async () => {
+            const p = await cluster.core.readNamespacedPod({ namespace: NS, name });
+            return p.status?.phase === "Succeeded" || p.status?.phase === "Failed" ? p : undefined;
+          }, `probe pod ${name} done`, 180_000);
+          const log = node.containerLog(NS, name, "probe");
+          await cluster.core.deleteNamespacedPod({ namespace: NS, name, gracePeriodSeconds: 0 });
+          expect(done.status!.phase, log).toBe("Succeeded");
+          return { name, answers: answers(log, targets) };
+        };
+        /** The same probe run inside a router pod's container (through the node's containerd): the peer the policies admit. */
+        const fromRouter = (targets: Target[]) => {
+          const container = routers[0]!.status!.containerStatuses![0]!.containerID!.replace(/^containerd:\/\//, "");
+          const r = node.ctr(["tasks", "exec", "--exec-id", `np-probe-${randomBytes(3).toString("hex")}`, container, "node", "-e", PROBE, "0", ...targets.map((t) => url[t])]);
+          expect(r.status, r.output).toBe(0);
+          return answers(r.output, targets);
+        };
+        /** The release's and the network's pods (not the probes), running. */
+        const serving = async () =>
+          (await cluster.core.listNamespacedPod({ namespace: NS })).items.filter((p) => !p.metadata!.name!.startsWith("np-probe-") && p.status?.phase === "Running" && !p.metadata!.deletionTimestamp);
+        const restarts = async () => new Map((await serving()).map((p) => [p.metadata!.name!, p.status!.containerStatuses?.[0]?.restartCount ?? 0]));
+
+        // Before the chart's policies: the operator's refuses a pod that is not the router on 4021 (the
+        // same probe from a router pod answers), its admin port answers anyone, the router answers anyone.
+        const outsider = { "x402-e2e/probe": "outsider" };
+        const before = await probeFrom(outsider, ["facilitator", "facilitatorAdmin", "router", "routerService"]);
+        expect(before.answers).toEqual({ facilitator: "timeout", facilitatorAdmin: 200, router: 200, routerService: 200 });
+        expect(fromRouter(["facilitator", "hubAdmin"])).toEqual({ facilitator: 200, hubAdmin: 200 });
+        // the engine judged and dropped that pod's connection to the facilitator
+        expect(engine.log()).toContain(`"Evaluating packet" srcPod="${NS}/${before.name}" dstPod="${NS}/${facilitator!.metadata!.name}"`);
+
+        // The chart's policies: the public ports from one label only
+        const restartsBefore = await restarts();
+        const allowed = { "x402-e2e/client": "allowed" };
+        const upgraded = await helm(["upgrade", RELEASE, CHART, "--namespace", NS, "--reuse-values", "--wait", "--timeout", "120s"], {
+          networkPolicy: { enabled: true, publicFrom: [{ podSelector: { matchLabels: allowed } }] },
+        });
+        expect(upgraded).toContain("STATUS: deployed");
+        const policies = (await cluster.kc.makeApiClient(NetworkingV1Api).listNamespacedNetworkPolicy({ namespace: NS })).items.map((p) => p.metadata!.name!).sort();
+        expect(policies).toEqual(["base-facilitator", `${FULLNAME}-hub`, `${FULLNAME}-operator`, `${FULLNAME}-router`, `${FULLNAME}-wallets`]);
+        await enforcing(policies, await serving());
+        const policiesOn = Date.now();
+
+        const outside = await probeFrom(outsider, ["router", "routerService", "routerAdmin", "facilitator", "facilitatorAdmin"]);
+        expect(outside.answers).toEqual({ router: "timeout", routerService: "timeout", routerAdmin: 200, facilitator: "timeout", facilitatorAdmin: 200 });
+        const inside = await probeFrom(allowed, ["router", "routerService", "facilitator"]);
+        expect(inside.answers).toEqual({ router: 200, routerService: 200, facilitator: "timeout" });
+
+        // A payment through the router's NodePort (this host's root traffic, never judged) still reaches
+        // the facilitator from a router pod, and settles: judged on chain
+        const net = devnet.info.networks[0]!;
+        const payer = privateKeyToAccount(devnet.info.payers[1]!.privateKey);
+        const amount = 4243n;
+        const { body, asset, payTo } = await paymentBody(devnet.info.payers[1]!.privateKey, amount);
+        const [payerBefore, payeeBefore] = [await balanceOf(net.rpcUrl, asset.address, payer.address), await balanceOf(net.rpcUrl, asset.address, payTo)];
+        const settle = await postJson(`${routerUrl}/settle`, body).catch(explain("router"));
+        expect(settle.status).toBe(200);
+        expect(settle.json).toMatchObject({ success: true, network: net.network, payer: payer.address });
+        expect(await receiptStatus(net.rpcUrl, settle.json.transaction as `0x${string}`)).toBe("success");
+        expect(await balanceOf(net.rpcUrl, asset.address, payer.address)).toBe(payerBefore - amount);
+        expect(await balanceOf(net.rpcUrl, asset.address, payTo)).toBe(payeeBefore + amount);
+
+        // The router's egress restricted: a facilitator still answers it, the hub's admin port no longer
+        const egress = await helm(["upgrade", RELEASE, CHART, "--namespace", NS, "--reuse-values", "--wait", "--timeout", "120s"], { networkPolicy: { router: { restrictEgress: true } } });
+        expect(egress).toContain("STATUS: deployed");
+        const restricted = await until(() => {
+          const a = fromRouter(["facilitator", "hubAdmin"]);
+          return a.hubAdmin === 200 ? undefined : a; // until the engine has the updated policy
+        }, "the router's egress policy applied", 60_000);
+        expect(restricted).toEqual({ facilitator: 200, hubAdmin: "timeout" });
+
+        // The kubelet's probes come from this host: every pod stays Ready past the readiness failure
+        // threshold (3 x 10 s) with its policies on, none restarted
+        await new Promise((r) => setTimeout(r, Math.max(0, 35_000 - (Date.now() - policiesOn))));
+        const restartsAfter = await restarts();
+        expect([...restartsAfter.keys()].sort()).toEqual([...restartsBefore.keys()].sort());
+        for (const p of await serving()) {
+          expect(p.status!.conditions!.find((c) => c.type === "Ready")?.status, p.metadata!.name).toBe("True");
+          expect(restartsAfter.get(p.metadata!.name!), p.metadata!.name).toBe(restartsBefore.get(p.metadata!.name!));
+        }
+      },
+      READY_MS,
+    );
   }),
 );
