@@ -31,13 +31,14 @@ const as = (tenant: string) => ({ "x402-fleet-router-token": TOKEN, "x402-fleet-
 /**
  * An RPC endpoint in front of the node that answers receipts of `lie.hash` with one of a block no
  * canonical block has; with `lie.sync`, every eth_sendRawTransactionSync is sent the plain way and
- * answered at once with such a receipt.
+ * answered at once with such a receipt; with `lie.realBlock`, the forged receipts name the real
+ * latest block (its number and hash), which does not hold the transaction.
  */
-async function lyingEndpoint(upstream: string, lie: { hash?: string; sync?: boolean }): Promise<string> {
+async function lyingEndpoint(upstream: string, lie: { hash?: string; sync?: boolean; realBlock?: boolean }): Promise<string> {
   const forgedReceipt = async (hash: string) => {
-    const head = BigInt(await rpc<string>(upstream, "eth_blockNumber"));
+    const latest = await rpc<{ number: string; hash: string }>(upstream, "eth_getBlockByNumber", ["latest", false]);
     const tx = await rpc<Record<string, string>>(upstream, "eth_getTransactionByHash", [hash]);
-    const receipt = { transactionHash: hash, transactionIndex: "0x0", blockHash: `0x${"ee".repeat(32)}`, blockNumber: `0x${head.toString(16)}`, from: tx.from, to: tx.to };
+    const receipt = { transactionHash: hash, transactionIndex: "0x0", blockHash: lie.realBlock ? latest.hash : `0x${"ee".repeat(32)}`, blockNumber: latest.number, from: tx.from, to: tx.to };
     return { ...receipt, cumulativeGasUsed: "0x10000", gasUsed: "0x10000", effectiveGasPrice: "0x3b9aca00", contractAddress: null, logs: [], logsBloom: `0x${"00".repeat(256)}`, status: "0x1", type: "0x2" };
   };
   server = createServer(async (req, res) => {
@@ -83,9 +84,12 @@ describe("settlement status under attack", () => {
     await rig.test.setAutomine(true);
   });
 
-  it("a synchronous send answered with a forged receipt (the transaction only in the pool): /settle never answers success; pending, with nothing moved, until it is really mined", async () => {
+  it.each([
+    ["a block no chain has", false],
+    ["the real latest block, which does not hold it", true],
+  ])("a synchronous send answered with a forged receipt naming %s (the transaction only in the pool): /settle never answers success; pending, with nothing moved, until it is really mined", async (_, realBlock) => {
     rig = await startRig();
-    const lie = { sync: true };
+    const lie = { sync: true, realBlock };
     const f = await rig.facilitator({ rpcUrls: [await lyingEndpoint(rig.anvil.rpcUrl, lie)], receiptTimeoutMs: 500, policy: { sendRawTransactionSync: true } });
     const body = await rig.payment(56n);
     await rig.test.setAutomine(false);

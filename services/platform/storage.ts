@@ -62,21 +62,30 @@ const STORE_LOCK_STALE_MS = 10_000;
  * processes without complaint (each its own PostgreSQL over the same files), which is what a
  * replacement pod beside a terminating one on the same volume would do, two signers on one store.
  * A lock directory inside it (`.x402-fleet.lock`: the data directory may be a volume's root, whose
- * parent is a read-only root filesystem), refreshed while held.
+ * parent is a read-only root filesystem), refreshed every second while held. It assumes a local
+ * filesystem seen by one node (a ReadWriteOnce volume): times are the holder's, judged by the waiter.
  */
 async function lockDataDir(dataDir: string): Promise<() => Promise<void>> {
   const lockfile = await import("proper-lockfile");
+  let released = false;
   try {
-    return await lockfile.lock(dataDir, {
+    const release = await lockfile.lock(dataDir, {
       stale: STORE_LOCK_STALE_MS,
+      // refreshed every second: a holder must stall for about 9 s before a waiter may take it over
+      update: 1000,
       realpath: false,
       lockfilePath: join(dataDir, ".x402-fleet.lock"),
       // Lost while held (its refresh failed, or another process took it as stale): nothing may write any more.
       onCompromised: (e) => {
+        if (released) return; // a refresh that was in flight when the store closed
         process.stderr.write(`x402-fleet: the lock of the embedded store ${dataDir} was lost (${e.message}); exiting so that no two processes write it\n`);
         process.exit(70);
       },
     });
+    return () => {
+      released = true;
+      return release();
+    };
   } catch (e) {
     if ((e as { code?: string }).code === "ELOCKED") throw new StoreLockedError(`the embedded store ${dataDir} is held by another process`);
     throw e;

@@ -293,9 +293,14 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       // "Method not found", or a refusal that says nothing about the transaction (providers word an
       // unserved or disallowed method in many ways): the same transaction goes the plain way, whose
       // answer is the node's verdict (a repeat of one it has is "already known": as good as sent).
-      if (code === -32601 || /method .*not (found|supported|available)|does not exist/i.test(safeMessage(e)) || classifySendError(e) === "rejected") {
-        syncUnservedUntil = Date.now() + SYNC_REPROBE_MS;
-        opts.logger.info({ network, err: broadcastErrorLine(e) }, "the RPC endpoint does not serve eth_sendRawTransactionSync; sending the plain way");
+      const methodRefused = code === -32601 || /method|does not exist|not (allowed|whitelisted|enabled)/i.test(`${safeMessage(e)} ${broadcastErrorLine(e)}`);
+      if (methodRefused || classifySendError(e) === "rejected") {
+        // Only a refusal of the method turns it off for a while: a verdict about this transaction
+        // (the plain send hears it again) says nothing about the endpoint.
+        if (methodRefused) {
+          syncUnservedUntil = Date.now() + SYNC_REPROBE_MS;
+          opts.logger.info({ network, err: broadcastErrorLine(e) }, "the RPC endpoint does not serve eth_sendRawTransactionSync; sending the plain way");
+        }
         return false;
       }
       throw e;

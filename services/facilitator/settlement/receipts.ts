@@ -14,27 +14,31 @@ export interface MinedTransaction {
 // of one block cost one read) and kept briefly: a receipt is judged against the chain as it stands
 // now, within half a second; the reconciler's depth watch catches a block that leaves the chain later.
 const CANONICAL_TTL_MS = 500;
-const canonicalHashes = new WeakMap<ChainClient, Map<bigint, { at: number; hash: Promise<Hex | undefined> }>>();
+const canonicalBlocks = new WeakMap<ChainClient, Map<bigint, { at: number; block: Promise<{ hash: Hex; transactions: Set<string> } | undefined> }>>();
 
 /**
- * Whether a receipt is of the canonical block at its height: an endpoint on a fork (a load-balanced
- * provider whose nodes disagree, or one that lies) must not make a settlement look mined. A failed
- * read is "not known": the caller polls again.
+ * Whether a receipt is of the canonical block at its height, and that block holds its transaction:
+ * an endpoint on a fork (a load-balanced provider whose nodes disagree, or one that lies, even with a
+ * real block's number and hash) must not make a settlement look mined. A failed read is "not
+ * known": the caller polls again.
  */
-export async function isCanonical(chain: ChainClient, receipt: Pick<TransactionReceipt, "blockNumber" | "blockHash">): Promise<boolean> {
-  let byHeight = canonicalHashes.get(chain);
-  if (!byHeight) canonicalHashes.set(chain, (byHeight = new Map()));
+export async function isCanonical(chain: ChainClient, receipt: Pick<TransactionReceipt, "blockNumber" | "blockHash" | "transactionHash">): Promise<boolean> {
+  let byHeight = canonicalBlocks.get(chain);
+  if (!byHeight) canonicalBlocks.set(chain, (byHeight = new Map()));
   const now = Date.now();
   let entry = byHeight.get(receipt.blockNumber);
   if (!entry || now - entry.at > CANONICAL_TTL_MS) {
     if (byHeight.size > 256) for (const [n, e] of byHeight) if (now - e.at > CANONICAL_TTL_MS) byHeight.delete(n);
-    const hash = chain.client.getBlock({ blockNumber: receipt.blockNumber }).then((b) => b.hash ?? undefined, () => undefined);
-    byHeight.set(receipt.blockNumber, (entry = { at: now, hash }));
+    const block = chain.client.getBlock({ blockNumber: receipt.blockNumber }).then(
+      (b) => (b.hash ? { hash: b.hash, transactions: new Set((b.transactions as Hex[]).map((t) => t.toLowerCase())) } : undefined),
+      () => undefined,
+    );
+    byHeight.set(receipt.blockNumber, (entry = { at: now, block }));
     // a failed read is not remembered
-    void hash.then((h) => h === undefined && byHeight.get(receipt.blockNumber) === entry && byHeight.delete(receipt.blockNumber));
+    void block.then((b) => b === undefined && byHeight.get(receipt.blockNumber) === entry && byHeight.delete(receipt.blockNumber));
   }
-  const hash = await entry.hash;
-  return hash !== undefined && hash === receipt.blockHash;
+  const block = await entry.block;
+  return block !== undefined && block.hash === receipt.blockHash && block.transactions.has(receipt.transactionHash.toLowerCase());
 }
 
 export async function findMined(chain: ChainClient, hashes: readonly Hex[], confirmations: number): Promise<MinedTransaction | undefined> {
