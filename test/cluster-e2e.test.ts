@@ -147,6 +147,19 @@ describeOnNode(SUITE, () =>
       const nonce = (created.payload as { authorization: { nonce: Hex } }).authorization.nonce;
       return { body: { x402Version: 2, paymentPayload: { ...created, accepted: requirements }, paymentRequirements: requirements }, asset, payTo, nonce };
     };
+    /** A payment signed by the reference client and sent to the router's NodePort settles: judged on chain (receipt, both balances). */
+    const settlesThroughNodePort = async (payerIndex: number, amount: bigint) => {
+      const net = devnet.info.networks[0]!;
+      const payer = privateKeyToAccount(devnet.info.payers[payerIndex]!.privateKey);
+      const { body, asset, payTo } = await paymentBody(devnet.info.payers[payerIndex]!.privateKey, amount);
+      const [payerBefore, payeeBefore] = [await balanceOf(net.rpcUrl, asset.address, payer.address), await balanceOf(net.rpcUrl, asset.address, payTo)];
+      const settle = await postJson(`${routerUrl}/settle`, body).catch(explain("router"));
+      expect(settle.status).toBe(200);
+      expect(settle.json).toMatchObject({ success: true, network: net.network, payer: payer.address });
+      expect(await receiptStatus(net.rpcUrl, settle.json.transaction as `0x${string}`)).toBe("success");
+      expect(await balanceOf(net.rpcUrl, asset.address, payer.address)).toBe(payerBefore - amount);
+      expect(await balanceOf(net.rpcUrl, asset.address, payTo)).toBe(payeeBefore + amount);
+    };
     it("a FacilitatorNetwork for the devnet chain turns Ready by its pod's readiness; a payment signed by the reference client, sent to the router's NodePort, settles on chain", async () => {
       const net = devnet.info.networks[0]!;
       const signerKeys = readFileSync(join(devnet.dir, "keys", `${net.chainId}.key`), "utf8");
@@ -185,18 +198,8 @@ describeOnNode(SUITE, () =>
       const supported = await until(() => listed(routerUrl), "the network in /supported through the NodePort");
       expect(supported.kinds.filter((k) => k.network === net.network)).toEqual([{ x402Version: 2, scheme: "exact", network: net.network }]);
 
-      const payer = privateKeyToAccount(devnet.info.payers[0]!.privateKey);
-      const amount = 7919n;
-      const { body, asset, payTo } = await paymentBody(devnet.info.payers[0]!.privateKey, amount);
-      const [payerBefore, payeeBefore] = [await balanceOf(net.rpcUrl, asset.address, payer.address), await balanceOf(net.rpcUrl, asset.address, payTo)];
-
       // router pod → base-facilitator.x402-system.svc.cluster.local (CoreDNS) → its ClusterIP (kube-proxy) → the pod
-      const settle = await postJson(`${routerUrl}/settle`, body).catch(explain("router"));
-      expect(settle.status).toBe(200);
-      expect(settle.json).toMatchObject({ success: true, network: net.network, payer: payer.address });
-      expect(await receiptStatus(net.rpcUrl, settle.json.transaction as `0x${string}`)).toBe("success");
-      expect(await balanceOf(net.rpcUrl, asset.address, payer.address)).toBe(payerBefore - amount);
-      expect(await balanceOf(net.rpcUrl, asset.address, payTo)).toBe(payeeBefore + amount);
+      await settlesThroughNodePort(0, 7919n);
     }, READY_MS + 300_000);
 
     it("under payment load, a facilitator pod deleted and its container killed by the runtime mid-settlement, the node's kubelet stopped and started, the leader operator's pod killed and the database-less network rolled out by the new leader (never two of its pods at once), and a helm upgrade rolling every Deployment: each payment told success is its transfer on chain, once; no paid payment told failure", async () => {
@@ -449,17 +452,7 @@ describeOnNode(SUITE, () =>
 
         // A payment through the router's NodePort (this host's root traffic, never judged) still reaches
         // the facilitator from a router pod, and settles: judged on chain
-        const net = devnet.info.networks[0]!;
-        const payer = privateKeyToAccount(devnet.info.payers[1]!.privateKey);
-        const amount = 4243n;
-        const { body, asset, payTo } = await paymentBody(devnet.info.payers[1]!.privateKey, amount);
-        const [payerBefore, payeeBefore] = [await balanceOf(net.rpcUrl, asset.address, payer.address), await balanceOf(net.rpcUrl, asset.address, payTo)];
-        const settle = await postJson(`${routerUrl}/settle`, body).catch(explain("router"));
-        expect(settle.status).toBe(200);
-        expect(settle.json).toMatchObject({ success: true, network: net.network, payer: payer.address });
-        expect(await receiptStatus(net.rpcUrl, settle.json.transaction as `0x${string}`)).toBe("success");
-        expect(await balanceOf(net.rpcUrl, asset.address, payer.address)).toBe(payerBefore - amount);
-        expect(await balanceOf(net.rpcUrl, asset.address, payTo)).toBe(payeeBefore + amount);
+        await settlesThroughNodePort(1, 4243n);
 
         // The router's egress restricted: a facilitator still answers it, the hub's admin port no longer
         const egress = await helm(["upgrade", RELEASE, CHART, "--namespace", NS, "--reuse-values", "--wait", "--timeout", "120s"], { networkPolicy: { router: { restrictEgress: true } } });
