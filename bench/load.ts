@@ -10,6 +10,8 @@ export interface LoadResult {
   p99ms: number;
   statuses: Record<string, number>;
   bodies: unknown[];
+  /** Every request's latency in ms, sorted. */
+  latencies: number[];
 }
 
 export function percentile(sorted: number[], p: number): number {
@@ -41,5 +43,5 @@ export async function runLoad(url: string, bodies: string[], opts: { requests: n
   const seconds = (performance.now() - started) / 1000;
   await pool.close();
   latencies.sort((a, b) => a - b);
-  return { requests: opts.requests, seconds, throughput: opts.requests / seconds, p50ms: percentile(latencies, 50), p99ms: percentile(latencies, 99), statuses, bodies: kept };
+  return { requests: opts.requests, seconds, throughput: opts.requests / seconds, p50ms: percentile(latencies, 50), p99ms: percentile(latencies, 99), statuses, bodies: kept, latencies };
 }

@@ -3,7 +3,7 @@
 // bench/results/latest.json and latest.md. Figures are measurements, never test assertions.
 import { spawn, type ChildProcess } from "node:child_process";
 import { createWriteStream, readFileSync } from "node:fs";
-import { mkdtemp, readFile, rm, writeFile, mkdir } from "node:fs/promises";
+import { mkdtemp, readFile, readdir, rm, writeFile, mkdir } from "node:fs/promises";
 import { cpus, tmpdir } from "node:os";
 import { join } from "node:path";
 import { Pool } from "undici";
@@ -71,21 +71,29 @@ const RPC_RTT_MS = flag("--rpc-rtt-ms", "milliseconds");
 const BLOCK_TIME_S = flag("--block-time", "seconds");
 /** Concurrent distinct settlements of the throughput run: 1,000 under block times, 200 on an automine chain. */
 const BURST = BLOCK_TIME_S > 0 ? 1000 : 200;
+/** `--burst-only`: only the settlement bursts (no verify, router or sequential runs); results in `latest-burst-*`. */
+const BURST_ONLY = process.argv.includes("--burst-only");
+/** `--targets a,b`: the bursts of these targets only (ours1Key, ours4Keys, ours1KeyPostgres, ours4KeysPostgres, reference). */
+const TARGETS = (() => {
+  const i = process.argv.indexOf("--targets");
+  return i >= 0 ? new Set(process.argv[i + 1]!.split(",")) : undefined;
+})();
 
 const round = (n: number, d = 2) => Math.round(n * 10 ** d) / 10 ** d;
+const ratio = (a: number, b: number) => (b === 0 ? null : round(a / b));
 
 async function main() {
   const dir = await mkdtemp(join(tmpdir(), "x402-bench-"));
   const anvil = await startAnvil({ chainId: net.chainId, blockTime: BLOCK_TIME_S || undefined });
   const pg = process.env.DATABASE_URL;
-  const keys = { ours1: [generatePrivateKey()], ours4: Array.from({ length: 4 }, () => generatePrivateKey()), ours4pg: Array.from({ length: 4 }, () => generatePrivateKey()), ref: [generatePrivateKey()] };
+  const keys = { ours1: [generatePrivateKey()], ours4: Array.from({ length: 4 }, () => generatePrivateKey()), ours1pg: [generatePrivateKey()], ours4pg: Array.from({ length: 4 }, () => generatePrivateKey()), ref: [generatePrivateKey()] };
   const payerKey = generatePrivateKey();
   const receiver = privateKeyToAccount(generatePrivateKey()).address;
   await setupDevnetChain({
     rpcUrl: anvil.rpcUrl,
     chainId: net.chainId,
     assets: net.assets,
-    gasFunded: [...keys.ours1, ...keys.ours4, ...keys.ours4pg, ...keys.ref].map((k) => privateKeyToAccount(k).address),
+    gasFunded: [...keys.ours1, ...keys.ours4, ...keys.ours1pg, ...keys.ours4pg, ...keys.ref].map((k) => privateKeyToAccount(k).address),
     payers: [{ privateKey: payerKey, permit2Approved: true }],
   });
   const proxyOurs = await startCountingProxy(anvil.rpcUrl, RPC_RTT_MS);
@@ -95,7 +103,8 @@ async function main() {
     const keyFile = join(dir, `${name}.key`);
     await writeFile(keyFile, signerKeys.join("\n") + "\n");
     const port = await freePort();
-    const child = start(name, ["bin/x402-fleet.js", "facilitator", "--network", net.network, "--rpc-url", proxyOurs.url, "--signer-key-file", keyFile, "--schemes", "exact", "--port", String(port), "--admin-port", String(await freePort())], {
+    const adminPort = await freePort();
+    const child = start(name, ["bin/x402-fleet.js", "facilitator", "--network", net.network, "--rpc-url", proxyOurs.url, "--signer-key-file", keyFile, "--schemes", "exact", "--port", String(port), "--admin-port", String(adminPort)], {
       X402_DATA_DIR: join(dir, `${name}-db`),
       DATABASE_URL: databaseUrl,
       // A user's defaults for eip155:8453 but two settings (README, "Performance"): anvil serves
@@ -107,11 +116,12 @@ async function main() {
     });
     const url = `http://127.0.0.1:${port}/v2`;
     await waitUp(`${url}/supported`);
-    return { child, url };
+    return { child, url, metricsUrl: `http://127.0.0.1:${adminPort}/metrics` };
   };
   const ours1 = await facilitator("ours1", keys.ours1);
   const ours4 = await facilitator("ours4", keys.ours4);
-  // With DATABASE_URL set, the same 4-key settle load on PostgreSQL (the embedded engine serialises every query).
+  // With DATABASE_URL set, the same settle loads on PostgreSQL (the embedded engine serialises every query).
+  const ours1pg = pg ? await facilitator("ours1pg", keys.ours1pg, pg) : undefined;
   const ours4pg = pg ? await facilitator("ours4pg", keys.ours4pg, pg) : undefined;
   const tablePath = join(dir, "routing.json");
   await writeFile(tablePath, JSON.stringify({ backends: [{ network: net.network, url: ours1.url, kinds: [{ x402Version: 2, scheme: "exact", network: net.network }] }] }));
@@ -133,6 +143,167 @@ async function main() {
   const sign = async (n: number) => Promise.all(Array.from({ length: n }, async () => JSON.stringify(standardShape(spec(), await signEip3009(spec())))));
   console.error("signing payloads...");
   const verifyBodies = await sign(256);
+
+  // How full the blocks that carried a burst's settlements were, against what the block gas limit
+  // allows: every block from the first that holds one of them to the last, empty ones included (a
+  // block the backlog missed counts as empty), and the same without the last block, which only
+  // holds what was left (the measure of "every block full while a backlog exists").
+  const chainClient = createPublicClient({ transport: http(anvil.rpcUrl) });
+  const stop = async () => {
+    for (const c of children) c.kill("SIGTERM");
+    await proxyOurs.close();
+    await proxyRef.close();
+    await anvil.stop();
+    await rm(dir, { recursive: true, force: true });
+  };
+  async function packing(hashes: Hex[]) {
+    if (hashes.length === 0) return {};
+    const receipts = await Promise.all(hashes.map((hash) => chainClient.getTransactionReceipt({ hash })));
+    const perBlock = new Map<bigint, number>();
+    for (const r of receipts) perBlock.set(r.blockNumber, (perBlock.get(r.blockNumber) ?? 0) + 1);
+    const numbers = [...perBlock.keys()].sort((a, b) => (a < b ? -1 : 1));
+    const first = numbers[0]!;
+    const last = numbers[numbers.length - 1]!;
+    const gasLimit = (await chainClient.getBlock({ blockNumber: first })).gasLimit;
+    const gasEach = receipts.reduce((sum, r) => sum + r.gasUsed, 0n) / BigInt(receipts.length);
+    const capacity = Number(gasLimit / gasEach);
+    const spanned = Number(last - first) + 1;
+    const counts = Array.from({ length: spanned }, (_, i) => perBlock.get(first + BigInt(i)) ?? 0);
+    const beforeLast = counts.slice(0, -1);
+    return {
+      blocks: spanned,
+      perBlock: counts,
+      perBlockMax: Math.max(...counts),
+      blockCapacity: capacity,
+      // The fewest blocks these settlements fit in at the gas limit.
+      fullBlocksNeeded: Math.ceil(hashes.length / capacity),
+      fillBeforeLast: beforeLast.length ? round(beforeLast.reduce((a, b) => a + b, 0) / (beforeLast.length * capacity), 3) : 1,
+    };
+  }
+
+  /** A facilitator's RPC figures from its /metrics: calls by method, round trips and their seconds. */
+  async function rpcFigures(metricsUrl: string): Promise<{ calls: Record<string, number>; roundTrips: number; seconds: number }> {
+    const text = await (await fetch(metricsUrl)).text();
+    const calls: Record<string, number> = {};
+    let roundTrips = 0;
+    let seconds = 0;
+    for (const line of text.split("\n")) {
+      const call = /^x402_rpc_calls_total\{.*method="([^"]+)".*\} ([0-9.e+]+)$/.exec(line);
+      if (call) calls[call[1]!] = (calls[call[1]!] ?? 0) + Number(call[2]);
+      const count = /^x402_rpc_request_duration_seconds_count\{.*\} ([0-9.e+]+)$/.exec(line);
+      if (count) roundTrips += Number(count[1]);
+      const sum = /^x402_rpc_request_duration_seconds_sum\{.*\} ([0-9.e+]+)$/.exec(line);
+      if (sum) seconds += Number(sum[1]);
+    }
+    return { calls, roundTrips, seconds };
+  }
+
+  /** CPU seconds of every PostgreSQL server process on this machine (the facilitators' database share). */
+  async function postgresCpu(): Promise<number> {
+    let total = 0;
+    for (const pid of await readdir("/proc").catch(() => [] as string[])) {
+      if (!/^\d+$/.test(pid)) continue;
+      const comm = await readFile(`/proc/${pid}/comm`, "utf8").catch(() => "");
+      if (comm.trim() === "postgres") total += (await procStats(Number(pid)).catch(() => ({ cpu: 0 }))).cpu;
+    }
+    return total;
+  }
+
+  type BurstResult = { successes: number; failures: number; reasons: Record<string, number>; seconds: number; throughput: number; cpuPerSettleMs: number; physicalLimitS?: number; ratioToLimit?: number } & Awaited<ReturnType<typeof packing>>;
+  /**
+   * BURST settlements at once against each target, one target after another: answers, seconds, the
+   * blocks they went into, and CPU per settlement of the process (and of PostgreSQL's processes for
+   * a target on PostgreSQL, which nothing else uses meanwhile).
+   */
+  async function bursts(targets: [string, string, number, boolean, string?][]): Promise<Record<string, BurstResult>> {
+    const settle: Record<string, BurstResult> = {};
+    for (const [name, url, pid, onPostgres, metricsUrl] of targets) {
+      if (TARGETS && !TARGETS.has(name)) continue;
+      console.error(`settle ${BURST} at once: ${name}...`);
+      const bodies = await sign(BURST);
+      // Starts just after a block, as the worst case of a chain on a schedule.
+      if (BLOCK_TIME_S > 0) {
+        const at = await chainClient.getBlockNumber({ cacheTime: 0 });
+        while ((await chainClient.getBlockNumber({ cacheTime: 0 })) === at) await new Promise((r) => setTimeout(r, 20));
+      }
+      const cpu0 = (await procStats(pid)).cpu + (onPostgres ? await postgresCpu() : 0);
+      const rpc0 = metricsUrl ? await rpcFigures(metricsUrl) : undefined;
+      // When each block appeared, seen from here (ms since the burst began): the timeline beside the answers'.
+      const t0 = performance.now();
+      const seen: number[] = [];
+      let watching = true;
+      const watcher = (async () => {
+        let last = await chainClient.getBlockNumber({ cacheTime: 0 });
+        while (watching) {
+          const n = await chainClient.getBlockNumber({ cacheTime: 0 });
+          if (n !== last) seen.push(Math.round(performance.now() - t0));
+          last = n;
+          await new Promise((r) => setTimeout(r, 25));
+        }
+      })();
+      const r = await runLoad(`${url}/settle`, bodies, { requests: BURST, concurrency: BURST, keepBodies: true });
+      watching = false;
+      await watcher;
+      const answersAt = [10, 50, 90, 100].map((p) => Math.round(percentile(r.latencies, p)));
+      console.error(`  blocks at ms ${seen.join(", ")}; answers at p10/p50/p90/max ${answersAt.join(" / ")} ms`);
+      if (metricsUrl && rpc0) {
+        // What the burst asked of the RPC endpoint, and how long its round trips took (queueing in the client's pool included).
+        const rpc1 = await rpcFigures(metricsUrl);
+        const calls = Object.fromEntries(Object.entries(rpc1.calls).map(([m, n]) => [m, n - (rpc0.calls[m] ?? 0)]).filter(([, n]) => (n as number) > 0));
+        const trips = rpc1.roundTrips - rpc0.roundTrips;
+        console.error(`  RPC: ${trips} round trips, mean ${round(((rpc1.seconds - rpc0.seconds) / Math.max(trips, 1)) * 1000)} ms; calls ${JSON.stringify(calls)}`);
+      }
+      const cpuUsed = (await procStats(pid)).cpu + (onPostgres ? await postgresCpu() : 0) - cpu0;
+      const reasons: Record<string, number> = {};
+      let successes = 0;
+      const hashes: Hex[] = [];
+      for (const b of r.bodies as { success?: boolean; errorReason?: string; error?: string; transaction?: string }[]) {
+        if (b.success) {
+          successes++;
+          hashes.push(b.transaction as Hex);
+        } else {
+          const reason = (b.errorReason ?? b.error ?? "unknown").split(":")[0]!.slice(0, 80);
+          reasons[reason] = (reasons[reason] ?? 0) + 1;
+        }
+      }
+      const blocks = await packing(hashes);
+      // The physical limit: the fewest blocks the burst fits in, one block time each.
+      const physicalLimitS = blocks.fullBlocksNeeded && BLOCK_TIME_S > 0 ? blocks.fullBlocksNeeded * BLOCK_TIME_S : undefined;
+      settle[name] = { successes, failures: BURST - successes, reasons, seconds: round(r.seconds), throughput: round(successes / r.seconds, 1), cpuPerSettleMs: round((cpuUsed / BURST) * 1000, 2), ...blocks, ...(physicalLimitS ? { physicalLimitS, ratioToLimit: round(r.seconds / physicalLimitS) } : {}) };
+      console.error(`  ${JSON.stringify(settle[name])}`);
+    }
+    return settle;
+  }
+  const burstTargets: [string, string, number, boolean, string?][] = [
+    ["ours1Key", ours1.url, ours1.child.pid!, false, ours1.metricsUrl],
+    ["ours4Keys", ours4.url, ours4.child.pid!, false, ours4.metricsUrl],
+    ...(ours1pg ? [["ours1KeyPostgres", ours1pg.url, ours1pg.child.pid!, true, ours1pg.metricsUrl] as [string, string, number, boolean, string]] : []),
+    ...(ours4pg ? [["ours4KeysPostgres", ours4pg.url, ours4pg.child.pid!, true, ours4pg.metricsUrl] as [string, string, number, boolean, string]] : []),
+    ["reference", refUrl, ref.pid!, false],
+  ];
+  const burstLabel = { ours1Key: "1 key", ours4Keys: "4 keys", ours1KeyPostgres: "1 key on PostgreSQL", ours4KeysPostgres: "4 keys on PostgreSQL", reference: "reference (1 key, nonce manager)" } as Record<string, string>;
+  /** One table row per burst. */
+  const burstRows = (settle: Record<string, BurstResult>) =>
+    Object.entries(settle).map(([k, r]) => {
+      const blocks = r.blockCapacity ? `; ${r.blocks} blocks [${r.perBlock!.join(", ")}] of ${r.blockCapacity} each, ${r.fullBlocksNeeded} needed; fill before the last: ${r.fillBeforeLast}` : "";
+      const limit = r.physicalLimitS ? `; ${r.ratioToLimit}× the physical limit of ${r.physicalLimitS} s` : "";
+      const ref = settle.reference;
+      const vsRef = k !== "reference" && ref ? `; ${ratio(r.throughput, ref.throughput)}× the reference's rate` : "";
+      return `| settle ${BURST} at once, ${burstLabel[k]}: ok / failed, s, ok/s, CPU ms per settlement${onPostgresNote(k)} | ${r.successes} / ${r.failures}, ${r.seconds}, ${r.throughput}, ${r.cpuPerSettleMs}${blocks}${limit}${vsRef} |`;
+    });
+  const onPostgresNote = (k: string) => (k.endsWith("Postgres") ? " (with PostgreSQL's processes)" : "");
+
+  if (BURST_ONLY) {
+    const settle = await bursts(burstTargets);
+    const header = `Measured ${new Date().toISOString()} (--burst-only --rpc-rtt-ms ${RPC_RTT_MS}${BLOCK_TIME_S ? ` --block-time ${BLOCK_TIME_S}` : ""}) on ${cpus().length} × ${cpus()[0]?.model}, Node ${process.version}.`;
+    const md = [`| burst | figures |`, `|---|---|`, ...burstRows(settle)].join("\n");
+    await mkdir(join(ROOT, "bench/results"), { recursive: true });
+    const name = `latest-burst${BLOCK_TIME_S > 0 ? `-block-time-${BLOCK_TIME_S}s` : ""}`;
+    await writeFile(join(ROOT, `bench/results/${name}.json`), JSON.stringify({ when: new Date().toISOString(), rpcRttMs: RPC_RTT_MS, blockTimeS: BLOCK_TIME_S, settle }, null, 2) + "\n");
+    await writeFile(join(ROOT, `bench/results/${name}.md`), `${header}\n\n${md}\n`);
+    console.log(`\n${header}\n\n${md}\n`);
+    return stop();
+  }
 
   // Warm-up (JIT, caches, connections) for every target.
   for (const url of [`${ours1.url}/verify`, `${routerUrl}/verify`, `${floorUrl}/verify`, `${refUrl}/verify`]) await runLoad(url, verifyBodies, { requests: 300, concurrency: 8 });
@@ -250,40 +421,7 @@ async function main() {
     };
   }
 
-  // How full the blocks that carried a burst's settlements were, against what the block gas limit allows.
-  const chainClient = createPublicClient({ transport: http(anvil.rpcUrl) });
-  async function packing(hashes: Hex[]): Promise<{ blocks: number; perBlockMean: number; perBlockMax: number; blockCapacity: number; ratioToLimit: number } | Record<string, never>> {
-    if (hashes.length === 0) return {};
-    const receipts = await Promise.all(hashes.map((hash) => chainClient.getTransactionReceipt({ hash })));
-    const perBlock = new Map<bigint, number>();
-    for (const r of receipts) perBlock.set(r.blockNumber, (perBlock.get(r.blockNumber) ?? 0) + 1);
-    const gasLimit = (await chainClient.getBlock({ blockNumber: receipts[0]!.blockNumber })).gasLimit;
-    const gasEach = receipts.reduce((sum, r) => sum + r.gasUsed, 0n) / BigInt(receipts.length);
-    const capacity = Number(gasLimit / gasEach);
-    const counts = [...perBlock.values()];
-    const mean = counts.reduce((a, b) => a + b, 0) / counts.length;
-    return { blocks: counts.length, perBlockMean: round(mean, 1), perBlockMax: Math.max(...counts), blockCapacity: capacity, ratioToLimit: round(mean / capacity, 3) };
-  }
-  const settle: Record<string, { successes: number; failures: number; reasons: Record<string, number>; seconds: number; throughput: number; blocks?: number; perBlockMean?: number; perBlockMax?: number; blockCapacity?: number; ratioToLimit?: number }> = {};
-  const settleTargets: [string, string][] = [["ours1Key", ours1.url], ["ours4Keys", ours4.url], ...(ours4pg ? [["ours4KeysPostgres", ours4pg.url] as [string, string]] : []), ["reference", refUrl]];
-  for (const [name, url] of settleTargets) {
-    console.error(`settle ${BURST} at once: ${name}...`);
-    const bodies = await sign(BURST);
-    const r = await runLoad(`${url}/settle`, bodies, { requests: BURST, concurrency: BURST, keepBodies: true });
-    const reasons: Record<string, number> = {};
-    let successes = 0;
-    const hashes: Hex[] = [];
-    for (const b of r.bodies as { success?: boolean; errorReason?: string; error?: string; transaction?: string }[]) {
-      if (b.success) {
-        successes++;
-        hashes.push(b.transaction as Hex);
-      } else {
-        const reason = (b.errorReason ?? b.error ?? "unknown").split(":")[0]!.slice(0, 80);
-        reasons[reason] = (reasons[reason] ?? 0) + 1;
-      }
-    }
-    settle[name] = { successes, failures: BURST - successes, reasons, seconds: round(r.seconds), throughput: round(successes / r.seconds, 1), ...(await packing(hashes)) };
-  }
+  const settle = await bursts(burstTargets);
 
   // Resident memory right after the bursts (the heap that a burst's requests in flight grew), then
   // in the steady state: after IDLE_S seconds without requests, when V8's memory reducer has
@@ -311,7 +449,6 @@ async function main() {
   // The physical limit of one settlement: its round trips x RTT, plus the wait for the next block
   // (half a block on average; anvil's automine includes at once).
   const limitMs = (roundTrips: number) => round(roundTrips * RPC_RTT_MS + (BLOCK_TIME_S * 1000) / 2);
-  const ratio = (a: number, b: number) => (b === 0 ? null : round(a / b));
   const results = {
     when: new Date().toISOString(),
     machine: { cpus: cpus().length, model: cpus()[0]?.model, node: process.version },
@@ -333,7 +470,7 @@ async function main() {
       routerOverhead: { concurrency1: routerOverheadC1, floorProxyConcurrency1: floorOverheadC1, concurrency16: { p50ms: round(v("oursViaRouter", 16).p50ms - v("ours", 16).p50ms) } },
       cpuPerVerifyMs: { ours: round(cpu.oursFacilitatorMs, 3), router: round(cpu.routerMs, 3), floorProxy: round(cpu.floorProxyMs, 3), reference: round(cpu.referenceMs, 3), ratio: ratio(cpu.referenceMs, cpu.oursFacilitatorMs), runs: Object.fromEntries(Object.entries(cpuRuns).map(([k, xs]) => [k, xs.map((x) => round(x, 3))])) },
       settleSequential: { rpcRttMs: RPC_RTT_MS, blockTimeS: BLOCK_TIME_S, ...sequential, limitMs: { withSync: limitMs(1), withoutSync: limitMs(2) } },
-      settleBurst: { concurrent: BURST, ...settle, throughputRatio4KeysVsReference: ratio(settle.ours4Keys!.throughput, settle.reference!.throughput), throughputRatio4KeysVs1Key: ratio(settle.ours4Keys!.throughput, settle.ours1Key!.throughput) },
+      settleBurst: { concurrent: BURST, ...settle, throughputRatio4KeysVsReference: settle.ours4Keys && settle.reference ? ratio(settle.ours4Keys.throughput, settle.reference.throughput) : null },
       memory,
     },
   };
@@ -353,14 +490,8 @@ async function main() {
     `| settle one at a time (RPC RTT ${RPC_RTT_MS} ms${BLOCK_TIME_S ? `, ${BLOCK_TIME_S} s blocks` : ", automine"}): p50 / p99 ms | ${sequential.ours!.p50ms} / ${sequential.ours!.p99ms} | ${sequential.reference!.p50ms} / ${sequential.reference!.p99ms} | ${ratio(sequential.reference!.p50ms, sequential.ours!.p50ms)}× faster; physical limit ${limitMs(1)} ms with sync (${round(sequential.ours!.p50ms / Math.max(limitMs(1), 0.001))}× it), ${limitMs(2)} ms without |`,
     `| RPC calls per settle on its path (round trips), after a verify | ${sequential.ours!.callsPerSettle} (${sequential.ours!.roundTripsPerSettle}) ${JSON.stringify(sequential.ours!.methods)}; background ${sequential.ours!.backgroundCallsPerSecond}/s | ${sequential.reference!.callsPerSettle} (${sequential.reference!.roundTripsPerSettle}) ${JSON.stringify(sequential.reference!.methods)} | |`,
     `| CPU per verify + settle, ms (facilitator) | ${sequential.ours!.cpuPerVerifyAndSettleMs} | ${sequential.reference!.cpuPerVerifyAndSettleMs} | |`,
-    ...(["ours1Key", "ours4Keys", "ours4KeysPostgres"] as const).flatMap((k) => {
-      const r = settle[k];
-      if (!r) return [];
-      const label = { ours1Key: "1 key", ours4Keys: "4 keys", ours4KeysPostgres: "4 keys on PostgreSQL" }[k];
-      const blocks = r.blocks ? `; ${r.perBlockMean} per block (max ${r.perBlockMax}) of ${r.blockCapacity} the gas limit allows: ${r.ratioToLimit}` : "";
-      return [`| settle ${BURST} at once, ${label}: ok / failed, s, ok/s${BLOCK_TIME_S ? ", per block" : ""} | ${r.successes} / ${r.failures}, ${r.seconds}, ${r.throughput}${blocks} | ${k === "ours1Key" ? `${settle.reference!.successes} / ${settle.reference!.failures}, ${settle.reference!.seconds}, ${settle.reference!.throughput} (1 key, nonce manager)` : ""} | ${ratio(r.throughput, settle.reference!.throughput)}× |`];
-    }),
-    `| reference settle failure reasons | | ${JSON.stringify(settle.reference!.reasons)} | |`,
+    ...burstRows(settle).map((row) => `${row.slice(0, -2)} | | |`),
+    `| reference settle failure reasons | | ${JSON.stringify(settle.reference?.reasons ?? {})} | |`,
     `| steady-state RSS MB, ${memory.idleSeconds} s after the load (facilitator embedded; on PostgreSQL; router) | ${memory.facilitatorEmbeddedRssMb}; ${memory.facilitatorPostgresRssMb ?? "n/a"}; ${memory.routerRssMb} | ${memory.referenceRssMb} | right after the load: ${trio(memory.afterLoadRssMb)} (reference ${memory.afterLoadRssMb.reference}); peak: ${trio(memory.peakRssMb)} (reference ${memory.peakRssMb.reference}) |`,
   ].join("\n");
   const header = `Measured ${results.when} (--rpc-rtt-ms ${RPC_RTT_MS}${BLOCK_TIME_S ? ` --block-time ${BLOCK_TIME_S}` : ""}) on ${results.machine.cpus} × ${results.machine.model}, Node ${results.machine.node}; anvil, router, facilitators, reference and load generator on the same machine.`;
@@ -371,11 +502,7 @@ async function main() {
   await writeFile(join(ROOT, `bench/results/${name}.md`), `${header}\n\n${md}\n`);
   console.log(`\n${header}\n\n${md}\n`);
 
-  for (const c of children) c.kill("SIGTERM");
-  await proxyOurs.close();
-  await proxyRef.close();
-  await anvil.stop();
-  await rm(dir, { recursive: true, force: true });
+  await stop();
 }
 
 main().catch((e) => {

@@ -133,11 +133,38 @@ describe("ChainClient.rpc batches", () => {
     expect(since(second, before)).toEqual({ total: 2, batches: 0 });
   });
 
-  it("never batches a call whose answer may take long (a synchronous send waits for its block)", async () => {
+  it("never batches a call whose answer may take long (a synchronous send waits for its block); plain sends share round trips", async () => {
     const chain = createChainClient({ chainId: CHAIN_ID, rpcUrls: [second.url] });
-    const before = requestsOf(second);
-    await Promise.allSettled([chain.rpc("eth_sendRawTransaction", ["0x00"]), chain.rpc("eth_chainId", [])]);
+    let before = requestsOf(second);
+    await Promise.allSettled([chain.rpc("eth_sendRawTransactionSync", ["0x00"]), chain.rpc("eth_chainId", [])]);
     expect(since(second, before)).toEqual({ total: 2, batches: 0 });
+    // A plain send answers at once: batched. The node's error for this one (not a revert) may be the
+    // batch's, so it is asked again alone: the batch, then the send.
+    before = requestsOf(second);
+    const [sent, chainId] = await Promise.allSettled([chain.rpc("eth_sendRawTransaction", ["0x00"]), chain.rpc("eth_chainId", [])]);
+    expect(sent.status).toBe("rejected");
+    expect(chainId).toEqual({ status: "fulfilled", value: `0x${CHAIN_ID.toString(16)}` });
+    expect(since(second, before)).toEqual({ total: 2, batches: 1 });
+  });
+
+  it("with every connection busy, calls made in separate turns wait and go as one batch when a round trip ends", async () => {
+    // 32 calls the endpoint holds (every connection of the pool), ended by the client's timeout.
+    first.configure({ rate: 1, kinds: ["timeout"], methods: ["eth_sendRawTransactionSync"] });
+    const chain = createChainClient({ chainId: CHAIN_ID, rpcUrls: [first.url], rpcTimeoutMs: 1000 });
+    const before = requestsOf(first);
+    const held = Array.from({ length: 32 }, () => chain.rpc("eth_sendRawTransactionSync", ["0x00"]).catch(() => undefined));
+    const answers: Promise<unknown>[] = [];
+    for (let i = 0; i < 3; i++) {
+      answers.push(chain.rpc("eth_chainId", []));
+      await new Promise((r) => setImmediate(r)); // each call in a turn of its own
+    }
+    expect(await Promise.all(answers)).toEqual(Array(3).fill(`0x${CHAIN_ID.toString(16)}`));
+    await Promise.all(held);
+    first.configure({});
+    // The held calls (each tried twice: the round nobody answered is tried once more), and one batch of the three.
+    const counted = since(first, before);
+    expect(counted.batches).toBe(1);
+    expect(counted.total).toBe(64 + 1);
   });
 
   it("an endpoint that refuses batches gets its calls one by one, every call answered", async () => {

@@ -13,8 +13,8 @@ afterEach(async () => {
   rig = undefined;
 });
 
-const receiptCalls = (adminUrl: string) => metricSum(adminUrl, "x402_rpc_requests_total", { method: "eth_getTransactionReceipt" });
-const lookups = (adminUrl: string) => metricSum(adminUrl, "x402_rpc_requests_total", { method: "eth_getTransactionByHash" });
+const receiptCalls = (adminUrl: string) => metricSum(adminUrl, "x402_rpc_calls_total", { method: "eth_getTransactionReceipt" });
+const lookups = (adminUrl: string) => metricSum(adminUrl, "x402_rpc_calls_total", { method: "eth_getTransactionByHash" });
 
 describe.each(ENGINES)("shared receipt waits (%s store)", (engine) => {
   it("50 concurrent settles of one unmined payment: receipt calls stay within one wait's budget", async () => {
@@ -110,14 +110,14 @@ describe.each(ENGINES)("shared receipt waits (%s store)", (engine) => {
     // seven lost in a row, as a node restart or a balancer's other backend would lose them.
     await rpc(rig.anvil.rpcUrl, "anvil_dropTransaction", [sent["3"]]);
     expect(Object.keys(await pooled()).sort()).toEqual(["0", "1", "2"]);
-    const counts0 = await metricSum(f.adminUrl, "x402_rpc_requests_total", { method: "eth_getTransactionCount" });
+    const counts0 = await metricSum(f.adminUrl, "x402_rpc_calls_total", { method: "eth_getTransactionCount" });
     // Passes run once a second; the gap is found once the transactions are 5 s old, and filled.
     await eventually(async () => (Object.keys(await pooled()).length === n ? true : undefined), 200, 100);
     expect(behind(await pooled())).toEqual(behind(sent)); // the very bytes stored: same hashes, nothing re-signed
     await new Promise((r) => setTimeout(r, 2500)); // more passes over the backlog, each past its replacement time
     expect(behind(await pooled())).toEqual(behind(sent));
     // One read per pass for the key, not one per transaction (10 here): a bound that holds at any machine speed.
-    const passes = (await metricSum(f.adminUrl, "x402_rpc_requests_total", { method: "eth_getTransactionCount" })) - counts0;
+    const passes = (await metricSum(f.adminUrl, "x402_rpc_calls_total", { method: "eth_getTransactionCount" })) - counts0;
     expect(passes).toBeGreaterThan(0);
     expect(passes).toBeLessThan(20);
     await rig.test.mine({ blocks: 1 });

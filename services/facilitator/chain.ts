@@ -5,7 +5,7 @@
 import { AsyncLocalStorage } from "node:async_hooks";
 import { SpanKind, type SpanContext } from "@opentelemetry/api";
 import { Pool } from "undici";
-import { ExecutionRevertedError, HttpRequestError, RpcRequestError, TimeoutError, createPublicClient, defineChain, fallback, http, type Chain, type PublicClient, type Transport } from "viem";
+import { ExecutionRevertedError, HttpRequestError, RpcRequestError, TimeoutError, createPublicClient, custom, defineChain, type Chain, type PublicClient, type Transport } from "viem";
 import { endpointName } from "../platform/logger.ts";
 import type { Metrics } from "../platform/metrics.ts";
 import { activeSpanContext, withSpan } from "../platform/tracing.ts";
@@ -35,13 +35,6 @@ export interface ChainClient {
   endpoints: string[];
 }
 
-/** The JSON-RPC method of a request body viem wrote (`{"jsonrpc":"2.0","id":…,"method":"…"`), without parsing it all. */
-function rpcMethodOf(body: unknown): string {
-  const text = String(body);
-  if (text.startsWith("[")) return "batch";
-  return /"method":"([a-zA-Z0-9_]{1,64})"/.exec(text)?.[1] ?? "unknown";
-}
-
 /**
  * One RPC endpoint over an undici keep-alive pool: every JSON-RPC round trip, viem's or a direct
  * one (ChainClient.rpc), is posted here and recorded as a metric and a client span. Node's WHATWG
@@ -49,7 +42,10 @@ function rpcMethodOf(body: unknown): string {
  */
 function createEndpoint(url: string, network: string, metrics?: Metrics) {
   const target = new URL(url);
-  const pool = new Pool(target.origin, { connections: 32, keepAliveTimeout: 30_000 });
+  const pool = new Pool(target.origin, { connections: POOL_CONNECTIONS, keepAliveTimeout: 30_000 });
+  // Round trips on their way, and who wants to hear when one ends (the batcher: see createBatcher).
+  let inFlight = 0;
+  const onSettled = new Set<() => void>();
   const path = `${target.pathname}${target.search}`;
   const name = endpointName(url);
   const labels = { network, endpoint: name };
@@ -62,6 +58,7 @@ function createEndpoint(url: string, network: string, metrics?: Metrics) {
     return withSpan(`rpc ${method}`, { "rpc.system": "jsonrpc", "rpc.method": method, "x402.network": network, "x402.rpc.endpoint": name }, async () => {
       const end = metrics?.rpcDuration.startTimer(labels);
       let result = "error";
+      inFlight++;
       try {
         const res = await pool.request({ path, method: "POST", headers: init.headers ?? JSON_HEADERS, body, signal: init.signal, headersTimeout: init.timeoutMs, bodyTimeout: init.timeoutMs });
         const text = await res.body.text();
@@ -69,23 +66,18 @@ function createEndpoint(url: string, network: string, metrics?: Metrics) {
         result = res.statusCode < 200 || res.statusCode >= 300 ? `http_${res.statusCode}` : text.includes('"error"') ? "rpc_error" : "ok";
         return { status: res.statusCode, headers: res.headers, text };
       } finally {
+        inFlight--;
         end?.();
         metrics?.rpcRequests.inc({ ...labels, method, result });
+        for (const f of onSettled) f();
       }
     }, SpanKind.CLIENT, init.links);
   }
-  // viem reads only status, headers and text: a minimal response object is all it needs.
-  const fetchFn = (async (_input: unknown, init?: RequestInit) => {
-    const body = init?.body as string;
-    const res = await post(body, rpcMethodOf(body), { headers: (init?.headers ?? {}) as Record<string, string>, signal: init?.signal ?? undefined });
-    const header = (h: string) => {
-      const v = res.headers[h.toLowerCase()];
-      return Array.isArray(v) ? v.join(", ") : (v ?? null);
-    };
-    return { ok: res.status >= 200 && res.status < 300, status: res.status, statusText: "", headers: { get: header }, body: null, text: async () => res.text, json: async () => JSON.parse(res.text) };
-  }) as unknown as typeof fetch;
-  return { url, name, post, fetchFn };
+  return { url, name, post, inFlight: () => inFlight, onSettled };
 }
+
+/** Connections to one RPC endpoint. */
+const POOL_CONNECTIONS = 32;
 
 const JSON_HEADERS = { "content-type": "application/json" };
 
@@ -185,10 +177,11 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
   });
   const timeoutMs = opts.rpcTimeoutMs ?? 10_000;
   const endpoints = opts.rpcUrls.map((url) => createEndpoint(url, network, opts.metrics));
-  const transports = endpoints.map((e) => http(e.url, { timeout: timeoutMs, retryCount: 1, fetchFn: e.fetchFn }));
+  // viem's actions go through the same path as direct calls (rpc below: its endpoints in order,
+  // its one retry, its batches), so a burst's receipts, sends and estimates share round trips too.
   const client = createPublicClient({
     chain,
-    transport: watched(transports.length === 1 ? transports[0]! : fallback(transports, { rank: false })),
+    transport: watched(custom({ request: ({ method, params }) => rpc(method, (params as unknown[] | undefined) ?? []) }, { retryCount: 0 })),
     pollingInterval: opts.pollingIntervalMs ?? 250,
   }) as PublicClient;
 
@@ -253,7 +246,12 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
     let queue: Entry[] = [];
     let refusedUntil = 0;
     const alone = (b: Entry) => void once(endpoint, b.call).then(b.resolve, b.reject);
+    // With every connection busy (a burst), calls wait here rather than one by one in the pool's
+    // queue: the ones that come meanwhile join them, and the next round trip to end sends them as
+    // one batch. Below that, a call waits for the end of its event-loop turn only.
+    endpoint.onSettled.add(() => queue.length > 0 && flush());
     const flush = () => {
+      if (queue.length === 0 || (queue.length < maxBatch && endpoint.inFlight() >= POOL_CONNECTIONS)) return;
       const batch = queue;
       queue = [];
       if (batch.length === 1) alone(batch[0]!);
@@ -368,8 +366,12 @@ let lastId = Math.floor(Math.random() * 2 ** 40);
 /** Calls per JSON-RPC batch: providers cap batches (some at 10 or 20 calls on small plans). */
 const DEFAULT_MAX_BATCH = 10;
 const BATCH_REFUSED_MS = 600_000;
-/** Reads that answer at once: a batch's answer waits for its slowest call (never a synchronous send). */
-const BATCHED_METHODS = new Set(["eth_call", "eth_estimateGas", "eth_getCode", "eth_getBalance", "eth_getTransactionCount", "eth_blockNumber", "eth_chainId", "eth_getBlockByNumber", "eth_maxPriorityFeePerGas", "eth_gasPrice", "eth_getTransactionReceipt"]);
+/**
+ * Calls that answer at once: a batch's answer waits for its slowest call (never a synchronous send).
+ * A plain send is among them: a burst's sends share round trips, and a send asked again alone (a
+ * batch lost, an error that may be the batch's) is the same transaction, "already known" at worst.
+ */
+const BATCHED_METHODS = new Set(["eth_call", "eth_estimateGas", "eth_getCode", "eth_getBalance", "eth_getTransactionCount", "eth_blockNumber", "eth_chainId", "eth_getBlockByNumber", "eth_maxPriorityFeePerGas", "eth_gasPrice", "eth_getTransactionReceipt", "eth_sendRawTransaction"]);
 const parseJson = (text: string): unknown => {
   try {
     return JSON.parse(text);

@@ -74,6 +74,8 @@ export interface SettleJob {
   tenant?: string;
   /** The tenant's webhook URL, as its router sent it (FLEET_HEADERS.tenantWebhook). */
   webhook?: string;
+  /** Ends the request's turn (lane.ts): called once the run stored a transaction, or before the request waits on another's. */
+  leaveLane?: () => void;
   run: () => Promise<SettleResponse>;
 }
 
@@ -167,7 +169,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
         await store.release(paymentId, owner);
         return refusal;
       }
-      result = await settlementContext.run({ paymentId, owner, signer: job.signer, gas: job.gas, plan: job.plan && { ...job.plan, admitted: new Set() }, stored }, job.run);
+      result = await settlementContext.run({ paymentId, owner, signer: job.signer, gas: job.gas, plan: job.plan && { ...job.plan, admitted: new Set() }, stored, onStored: job.leaveLane }, job.run);
     } catch (e) {
       await store.release(paymentId, owner); // a no-op when a transaction exists: that one is still driven to its end
       throw e;
@@ -204,6 +206,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
       return (await store.record(paymentId, result)) ?? answerOf(paymentId);
     }
     // A transaction exists but its outcome is not known: drive it (bounded), never re-execute.
+    job.leaveLane?.();
     return awaitOutcome(paymentId, deadline, job.gas);
   }
 
@@ -235,7 +238,38 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
     }
   }
 
-  const balanceOf = (asset: Address, holder: Address) => opts.chain.client.readContract({ address: asset, abi: erc20Abi, functionName: "balanceOf", args: [holder] });
+  // A payer's burst reads its balance once per round trip, not once per payment: a caller shares a
+  // read only if that read started after it asked (so it is as fresh as one of its own); one that
+  // asks while a read is in flight waits for the next, which everyone who asked meanwhile shares.
+  const balanceReads = new Map<string, { inFlight?: Promise<bigint>; next?: Promise<bigint> }>();
+  function balanceOf(asset: Address, holder: Address): Promise<bigint> {
+    const key = `${asset}|${holder}`.toLowerCase();
+    let reads = balanceReads.get(key);
+    if (!reads) balanceReads.set(key, (reads = {}));
+    const r = reads;
+    const start = (): Promise<bigint> => {
+      const read = opts.chain.client.readContract({ address: asset, abi: erc20Abi, functionName: "balanceOf", args: [holder] });
+      r.inFlight = read;
+      const done = () => {
+        if (r.inFlight === read) r.inFlight = undefined;
+        if (!r.inFlight && !r.next && balanceReads.get(key) === r) balanceReads.delete(key);
+      };
+      read.then(done, done);
+      return read;
+    };
+    if (!r.inFlight) return start();
+    if (!r.next) {
+      const next = r.inFlight.then(
+        () => undefined,
+        () => undefined,
+      ).then(() => {
+        r.next = undefined;
+        return start();
+      });
+      r.next = next;
+    }
+    return r.next;
+  }
 
   /** Whether a client's payment identifier already names another payment (see identifierConflict). */
   const conflicts = (bound: { paymentId: string; digest: string } | undefined, id: string, digest: string) => bound !== undefined && (bound.paymentId !== id || bound.digest !== digest);
@@ -274,10 +308,12 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
         if (row.state !== "claimed") return failure(job.reusedReason, payer, "this authorization's nonce is already used by another payment");
       } else {
         if (isFinal(row)) return row.response;
+        job.leaveLane?.();
         if (row.state === "sent") return awaitOutcome(id, deadline);
       }
       if (row.lease_expired && (await store.takeOver(id, digest, extra, owner, leaseMs, terms))) return execute(job, id, payer, deadline, owner, stored);
       if (Date.now() >= deadline) throw new SettlementBusyError("another request is settling a payment with this nonce and has sent no transaction yet; retry /settle");
+      job.leaveLane?.();
       await sleep(poll);
     }
   }

@@ -169,8 +169,9 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
   // The same entries by outbox row: a fee replacement sent from this process adds its hash to the
   // wait that follows the row, which otherwise would watch only the hashes it started with.
   const sentById = new Map<string, Pick<OutboxRow, "hashes">>();
-  // Account classification (code or none) changes rarely: read it once per short window.
-  const codeCache = new Map<string, { code: Hex | undefined; until: number }>();
+  // Account classification (code or none) changes rarely: read it once per short window, and once
+  // for all the requests that ask while the read is in flight (a burst from one payer asks at once).
+  const codeCache = new Map<string, { code: Promise<Hex | undefined>; until: number }>();
   const CODE_TTL_MS = 10_000;
   // Calls a verification simulated, by target and calldata: the block and the gas it needed.
   const simulated = new Map<string, { block: bigint; gas: bigint }>();
@@ -483,6 +484,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
           throw e;
         });
       ctx?.stored?.push({ hash: row.hash, kind });
+      ctx?.onStored?.();
       crash("after_store", opts.crashAt);
       for (let attempt = 0; ; attempt++) {
         const outcome = await send(row, true);
@@ -640,10 +642,15 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       const key = args.address.toLowerCase();
       const hit = codeCache.get(key);
       if (hit && hit.until > Date.now()) return hit.code;
-      const code = await client.getCode(args);
       if (codeCache.size > 50_000) codeCache.clear();
-      codeCache.set(key, { code, until: Date.now() + CODE_TTL_MS });
-      return code;
+      const entry = { code: client.getCode(args), until: Infinity };
+      codeCache.set(key, entry);
+      // The window starts when the answer comes; a failed read is not kept.
+      entry.code.then(
+        () => (entry.until = Date.now() + CODE_TTL_MS),
+        () => codeCache.get(key) === entry && codeCache.delete(key),
+      );
+      return entry.code;
     },
   };
 }

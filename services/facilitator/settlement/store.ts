@@ -11,6 +11,7 @@
 //   its answer, and only a final state has one). A pending answer is built on read, never stored.
 //   Only a reorg that takes its transaction off the chain puts it back to sent (reorged).
 import type { SettleResponse } from "@x402/core/types";
+import { coalesce } from "../../platform/coalesce.ts";
 import type { Database, Migration } from "../../platform/storage.ts";
 import { minedAnswer, rejectedAnswer } from "./answers.ts";
 import { AUXILIARY_KINDS } from "./gas-policy.ts";
@@ -594,6 +595,18 @@ export interface SettlementStoreHooks {
 
 export type Reservation = { reserved: true } | { reserved: false; inFlight: bigint };
 
+interface QueuedAllocation {
+  entry: NewOutboxEntry;
+  /** The key's chain nonce, when this caller found no counter for it. */
+  seed?: number;
+  sign: (nonce: bigint) => Promise<SignedTransaction>;
+  resolve: (row: OutboxRow) => void;
+  reject: (e: unknown) => void;
+}
+
+/** Transactions of one key stored in one SQL transaction at most (its signing holds the key's counter). */
+const MAX_STORED_TOGETHER = 200;
+
 interface QueuedReservation {
   paymentId: string;
   owner: string;
@@ -680,6 +693,165 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       for (const q of queued) q.reject(e);
     }
   }
+  // The statements of every settlement, each made once per turn of the event loop for all the
+  // settlements that need it then (platform/coalesce.ts).
+  const claimTogether = coalesce(
+    async (items: { paymentId: string; values: unknown[] }[]) => {
+      const column = (i: number) => items.map((c) => c.values[i]);
+      const won = await db.query<{ payment_id: string }>(
+        `INSERT INTO settlement_payments (network, payment_id, digest, scheme, payer, success_extra, state, owner, lease_until, token, pay_to, amount, nonce, tenant, webhook_url, webhook_facilitator)
+         SELECT $1, u.payment_id, u.digest, u.scheme, u.payer, u.success_extra::jsonb, 'claimed', u.owner, now() + (u.lease_ms || ' milliseconds')::interval,
+           u.token, u.pay_to, u.amount::numeric, u.nonce, u.tenant, u.webhook_url, u.webhook_facilitator
+         FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::boolean[])
+           AS u(payment_id, digest, scheme, payer, success_extra, owner, lease_ms, token, pay_to, amount, nonce, tenant, webhook_url, webhook_facilitator)
+         ON CONFLICT (network, payment_id) DO NOTHING RETURNING payment_id`,
+        [network, ...Array.from({ length: 14 }, (_, i) => column(i))],
+      );
+      const claimed = new Set(won.map((r) => r.payment_id));
+      return items.map((c) => claimed.has(c.paymentId));
+    },
+    { key: (c) => c.paymentId },
+  );
+  const paymentsTogether = coalesce(async (ids: string[]) => {
+    const rows = await db.query<PaymentRow>(
+      `SELECT payment_id, scheme, payer, digest, state, owner, (lease_until IS NOT NULL AND lease_until < now()) AS lease_expired, response, success_extra
+       FROM settlement_payments WHERE network = $1 AND payment_id = ANY($2::text[])`,
+      [network, ids],
+    );
+    const byId = new Map(rows.map((r) => [r.payment_id, r]));
+    return ids.map((id) => byId.get(id));
+  });
+  const outboxTogether = coalesce(async (paymentIds: string[]) => {
+    const rows = await db.query<OutboxRow>(`SELECT ${OUTBOX_COLUMNS} FROM settlement_outbox WHERE network = $1 AND payment_id = ANY($2::text[]) ORDER BY id`, [network, paymentIds]);
+    const byPayment = new Map<string, OutboxRow[]>();
+    for (const r of rows) byPayment.set(r.payment_id, [...(byPayment.get(r.payment_id) ?? []), r]);
+    return paymentIds.map((id) => byPayment.get(id) ?? []);
+  });
+  const recordTogether = coalesce(
+    async (items: { paymentId: string; response: SettleResponse; owner?: string }[]) => {
+      const rows = await db.query<{ payment_id: string; response: SettleResponse }>(
+        `UPDATE settlement_payments p SET state = u.state, response = u.response::jsonb, lease_until = NULL, updated_at = now()
+         FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) AS u(payment_id, state, response, owner)
+         WHERE p.network = $1 AND p.payment_id = u.payment_id AND p.state IN ('claimed', 'sent') AND (u.owner IS NULL OR p.owner = u.owner)
+         RETURNING p.payment_id, p.response`,
+        [network, items.map((i) => i.paymentId), items.map((i) => (i.response.success ? "succeeded" : "failed")), items.map((i) => JSON.stringify(i.response)), items.map((i) => i.owner ?? null)],
+      );
+      const byId = new Map(rows.map((r) => [r.payment_id, r.response]));
+      return items.map((i) => byId.get(i.paymentId));
+    },
+    { key: (i) => i.paymentId },
+  );
+  const broadcastTogether = coalesce(
+    async (items: { id: string; error?: string }[]) => {
+      await db.query(
+        `UPDATE settlement_outbox o SET state = CASE WHEN o.state = 'signed' THEN 'broadcast' ELSE o.state END, attempts = o.attempts + 1, last_error = u.error, updated_at = now()
+         FROM unnest($1::bigint[], $2::text[]) AS u(id, error) WHERE o.id = u.id`,
+        [items.map((i) => i.id), items.map((i) => i.error ?? null)],
+      );
+      return items.map(() => undefined);
+    },
+    { key: (i) => i.id },
+  );
+  const minedTogether = coalesce(
+    async (items: { id: string; values: unknown[] }[]) => {
+      const column = (i: number) => items.map((m) => m.values[i]);
+      const rows = await db.query<MinedFacts & { id: string; signer: string }>(
+        `UPDATE settlement_outbox o SET state = u.state, mined_hash = u.mined_hash, mined_block_number = u.block_number, mined_block_hash = u.block_hash, watched = u.block_number IS NOT NULL,
+           revert_reason = u.revert_reason, revert_message = u.revert_message, updated_at = now()
+         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[]) AS u(id, state, mined_hash, block_number, block_hash, revert_reason, revert_message)
+         WHERE o.id = u.id AND o.state IN ('signed', 'broadcast') RETURNING o.id::text AS id, o.signer, ${MINED_FACTS}`,
+        [items.map((m) => m.id), ...Array.from({ length: 6 }, (_, i) => column(i))],
+      );
+      const byId = new Map(rows.map((r) => [r.id, r]));
+      return items.map((m) => byId.get(m.id));
+    },
+    { key: (m) => m.id },
+  );
+
+  const allocationBatches = new Map<string, QueuedAllocation[]>();
+  async function storeTogether(signer: string, queued: QueuedAllocation[]): Promise<void> {
+    try {
+      const outcomes = await db.transaction(async (tx) => {
+        const seed = queued.find((q) => q.seed !== undefined)?.seed;
+        if (seed !== undefined) await tx.query(`INSERT INTO settlement_nonces (network, signer, next_nonce) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, [network, signer, seed]);
+        // The key's counter under a row lock, and the fence with it: sign only while a run still
+        // holds its payment's claim (its row locked too, so a take-over waits, and one that won
+        // first leaves no row here). The payment's own transaction makes it `sent` (the trigger of
+        // migration 007: never taken over, never released, never executed again); a funding or a
+        // deployment keeps it `claimed` with its lease: until the payment's own transaction exists,
+        // a crashed run's claim may be taken over (the preparation is found done, not repeated). A
+        // run re-sending on another nonce finds its payment `sent`.
+        const [counter] = await tx.query<{ next_nonce: string }>(`SELECT next_nonce::text AS next_nonce FROM settlement_nonces WHERE network = $1 AND signer = $2 FOR UPDATE`, [network, signer]);
+        if (!counter) throw new Error(`no nonce counter for ${signer}`);
+        const fenced = queued.filter((q) => q.entry.claimOwner);
+        const held = new Set<string>();
+        if (fenced.length > 0) {
+          const rows = await tx.query<{ payment_id: string; owner: string }>(
+            `SELECT p.payment_id, p.owner FROM settlement_payments p JOIN unnest($2::text[], $3::text[]) AS c(payment_id, owner) ON p.payment_id = c.payment_id AND p.owner = c.owner
+             WHERE p.network = $1 AND p.state IN ('claimed', 'sent') FOR UPDATE OF p`,
+            [network, fenced.map((q) => q.entry.paymentId), fenced.map((q) => q.entry.claimOwner!)],
+          );
+          for (const r of rows) held.add(`${r.payment_id}\0${r.owner}`);
+        }
+        let nonce = BigInt(counter.next_nonce);
+        const outcomes = new Map<QueuedAllocation, { signed?: SignedTransaction; nonce?: bigint; error?: unknown; row?: OutboxRow }>();
+        for (const q of queued) {
+          if (q.entry.claimOwner && !held.has(`${q.entry.paymentId}\0${q.entry.claimOwner}`)) {
+            outcomes.set(q, { error: new ClaimLostError(`the claim on this payment passed to another request; nothing was signed`) });
+            continue;
+          }
+          try {
+            outcomes.set(q, { signed: await q.sign(nonce), nonce });
+            nonce++;
+          } catch (error) {
+            outcomes.set(q, { error }); // its nonce goes to the next transaction
+          }
+        }
+        const signed = queued.filter((q) => outcomes.get(q)!.signed);
+        if (signed.length === 0) return outcomes;
+        const column = <T>(f: (q: QueuedAllocation) => T) => signed.map(f);
+        const rows = await tx.query<OutboxRow>(
+          `WITH counter AS (UPDATE settlement_nonces SET next_nonce = $3::bigint WHERE network = $1 AND signer = $2)
+           INSERT INTO settlement_outbox (network, payment_id, signer, nonce, to_address, data, gas, max_fee_per_gas, max_priority_fee_per_gas, raw_tx, hash, hashes, state, raw_txs, kind, value)
+           SELECT $1, u.payment_id, $2, u.nonce, u.to_address, u.data, u.gas, u.max_fee, u.max_tip, u.raw_tx, u.hash, ARRAY[u.hash], 'signed', ARRAY[u.raw_tx], u.kind, u.value
+           FROM unnest($4::text[], $5::bigint[], $6::text[], $7::text[], $8::numeric[], $9::numeric[], $10::numeric[], $11::text[], $12::text[], $13::text[], $14::numeric[])
+             WITH ORDINALITY AS u(payment_id, nonce, to_address, data, gas, max_fee, max_tip, raw_tx, hash, kind, value, ord)
+           ORDER BY u.ord
+           RETURNING ${OUTBOX_COLUMNS}`,
+          [
+            network,
+            signer,
+            nonce.toString(),
+            column((q) => q.entry.paymentId),
+            column((q) => outcomes.get(q)!.nonce!.toString()),
+            column((q) => q.entry.to),
+            column((q) => q.entry.data),
+            column((q) => q.entry.gas.toString()),
+            column((q) => q.entry.maxFeePerGas.toString()),
+            column((q) => q.entry.maxPriorityFeePerGas.toString()),
+            column((q) => outcomes.get(q)!.signed!.raw),
+            column((q) => outcomes.get(q)!.signed!.hash),
+            column((q) => q.entry.kind ?? null),
+            column((q) => (q.entry.value ?? 0n).toString()),
+          ],
+        );
+        const byHash = new Map(rows.map((r) => [r.hash, r]));
+        for (const q of signed) outcomes.get(q)!.row = byHash.get(outcomes.get(q)!.signed!.hash);
+        return outcomes;
+      });
+      // Answered once committed: a reconciler that counted before reads the rows.
+      for (const q of queued) {
+        const { row, error } = outcomes.get(q)!;
+        if (row) {
+          transactionsStored++;
+          q.resolve(row);
+        } else q.reject(error ?? new Error("the transaction was not stored"));
+      }
+    } catch (e) {
+      for (const q of queued) q.reject(e);
+    }
+  }
+
   let transactionsStored = 0;
   return {
     db,
@@ -690,13 +862,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
 
     /** Claims a payment id for this process and this payment (its digest). Returns "claimed" for the winner, or the existing row. */
     async claim(paymentId: string, digest: string, scheme: string, payer: string | null, successExtra: Record<string, unknown>, owner: string, leaseMs: number, terms: PaymentTerms = {}): Promise<{ claimed: true } | { claimed: false; row: PaymentRow }> {
-      const inserted = await db.query(
-        `INSERT INTO settlement_payments (network, payment_id, digest, scheme, payer, success_extra, state, owner, lease_until, token, pay_to, amount, nonce, tenant, webhook_url, webhook_facilitator)
-         VALUES ($1, $2, $3, $4, $5, $6, 'claimed', $7, now() + ($8 || ' milliseconds')::interval, $9, $10, $11, $12, $13, $14, $15)
-         ON CONFLICT (network, payment_id) DO NOTHING RETURNING payment_id`,
-        [network, paymentId, digest, scheme, payer, JSON.stringify(successExtra), owner, String(leaseMs), ...termValues(terms)],
-      );
-      if (inserted.length) return { claimed: true };
+      if (await claimTogether({ paymentId, values: [paymentId, digest, scheme, payer, JSON.stringify(successExtra), owner, String(leaseMs), ...termValues(terms)] })) return { claimed: true };
       const row = await this.payment(paymentId);
       if (!row) return this.claim(paymentId, digest, scheme, payer, successExtra, owner, leaseMs, terms); // released in between
       return { claimed: false, row };
@@ -763,27 +929,13 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       return row && { paymentId: row.payment_id, digest: row.digest };
     },
 
-    async payment(paymentId: string): Promise<PaymentRow | undefined> {
-      const rows = await db.query<PaymentRow>(
-        `SELECT payment_id, scheme, payer, digest, state, owner, (lease_until IS NOT NULL AND lease_until < now()) AS lease_expired, response, success_extra
-         FROM settlement_payments WHERE network = $1 AND payment_id = $2`,
-        [network, paymentId],
-      );
-      return rows[0];
-    },
+    payment: (paymentId: string): Promise<PaymentRow | undefined> => paymentsTogether(paymentId),
 
     /**
      * Records a payment's outcome (its state follows the answer) and returns it as stored; undefined
      * when it was final already (a final state is never overwritten by a later, staler write).
      */
-    async record(paymentId: string, response: SettleResponse, owner?: string): Promise<SettleResponse | undefined> {
-      const [row] = await db.query<{ response: SettleResponse }>(
-        `UPDATE settlement_payments SET state = $3, response = $4, lease_until = NULL, updated_at = now()
-         WHERE network = $1 AND payment_id = $2 AND state IN ('claimed', 'sent') AND ($5::text IS NULL OR owner = $5) RETURNING response`,
-        [network, paymentId, response.success ? "succeeded" : "failed", JSON.stringify(response), owner ?? null],
-      );
-      return row?.response;
-    },
+    record: (paymentId: string, response: SettleResponse, owner?: string): Promise<SettleResponse | undefined> => recordTogether({ paymentId, response, owner }),
 
     /**
      * The one write that may change a final state: the outcome of a transaction mined again after
@@ -810,6 +962,9 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
      * Allocates the key's next nonce, signs with it and stores the transaction, in one
      * transaction: the row lock on the key's counter orders every sender of that key, in any
      * process. `initialNonce` seeds a key the store has not seen (its pending count on chain).
+     * Transactions of one key that queue in this process while its previous store is in progress
+     * are stored together, in arrival order, in one transaction (a group commit: a one-key burst is
+     * not a thousand transactions one after the other, each holding the counter).
      */
     async allocateAndStore(entry: NewOutboxEntry, initialNonce: () => Promise<number>, sign: (nonce: bigint) => Promise<SignedTransaction>): Promise<OutboxRow> {
       // A key's first transactions (a burst right after start) share one read of its chain nonce.
@@ -822,38 +977,18 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
         }
         seed = await read;
       }
-      const stored = await inTurn(`nonce:${entry.signer}`, () => db.transaction(async (tx) => {
-        if (seed !== undefined) {
-          await tx.query(`INSERT INTO settlement_nonces (network, signer, next_nonce) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, [network, entry.signer, seed]);
+      return new Promise<OutboxRow>((resolve, reject) => {
+        let batch = allocationBatches.get(entry.signer);
+        if (!batch || batch.length >= MAX_STORED_TOGETHER) {
+          const queued: QueuedAllocation[] = (batch = []);
+          allocationBatches.set(entry.signer, queued);
+          inTurn(`nonce:${entry.signer}`, () => {
+            if (allocationBatches.get(entry.signer) === queued) allocationBatches.delete(entry.signer); // later arrivals make the next batch
+            return storeTogether(entry.signer, queued);
+          }).catch(() => undefined); // each transaction hears its own outcome
         }
-        // The key's counter under a row lock, and the fence with it: sign only while this run still
-        // holds its payment's claim (its row locked too, so a take-over waits, and one that won
-        // first leaves no row here). The payment's own transaction makes it `sent` (the trigger of
-        // migration 007: never taken over, never released, never executed again); a funding or a
-        // deployment keeps it `claimed` with its lease: until the payment's own transaction exists,
-        // a crashed run's claim may be taken over (the preparation is found done, not repeated). A
-        // run re-sending on another nonce finds its payment `sent`.
-        const [counter] = await tx.query<{ next_nonce: string }>(
-          entry.claimOwner
-            ? `SELECT n.next_nonce::text AS next_nonce FROM settlement_nonces n
-               JOIN settlement_payments p ON p.network = n.network AND p.payment_id = $3 AND p.owner = $4 AND p.state IN ('claimed', 'sent')
-               WHERE n.network = $1 AND n.signer = $2 FOR UPDATE OF n, p`
-            : `SELECT next_nonce::text AS next_nonce FROM settlement_nonces WHERE network = $1 AND signer = $2 FOR UPDATE`,
-          entry.claimOwner ? [network, entry.signer, entry.paymentId, entry.claimOwner] : [network, entry.signer],
-        );
-        if (!counter) throw new ClaimLostError(`the claim on this payment passed to another request; nothing was signed`);
-        const nonce = BigInt(counter.next_nonce);
-        const signed = await sign(nonce);
-        const [row] = await tx.query<OutboxRow>(
-          `WITH counter AS (UPDATE settlement_nonces SET next_nonce = $4::bigint + 1 WHERE network = $1 AND signer = $3)
-           INSERT INTO settlement_outbox (network, payment_id, signer, nonce, to_address, data, gas, max_fee_per_gas, max_priority_fee_per_gas, raw_tx, hash, hashes, state, raw_txs, kind, value)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, ARRAY[$11], 'signed', ARRAY[$10], $12, $13) RETURNING ${OUTBOX_COLUMNS}`,
-          [network, entry.paymentId, entry.signer, nonce.toString(), entry.to, entry.data, entry.gas.toString(), entry.maxFeePerGas.toString(), entry.maxPriorityFeePerGas.toString(), signed.raw, signed.hash, entry.kind ?? null, (entry.value ?? 0n).toString()],
-        );
-        return row!;
-      }));
-      transactionsStored++; // once committed: a reconciler that counted before reads the row
-      return stored;
+        batch.push({ entry, seed, sign, resolve, reject });
+      });
     },
 
     /** Whether the key has a nonce counter; a counter is never deleted, so a key seen once is not asked again. */
@@ -869,12 +1004,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       await db.query(`UPDATE settlement_nonces SET next_nonce = GREATEST(next_nonce, $3) WHERE network = $1 AND signer = $2`, [network, signer, atLeast]);
     },
 
-    async markBroadcast(id: string, error?: string): Promise<void> {
-      await db.query(
-        `UPDATE settlement_outbox SET state = CASE WHEN state = 'signed' THEN 'broadcast' ELSE state END, attempts = attempts + 1, last_error = $2, updated_at = now() WHERE id = $1`,
-        [id, error ?? null],
-      );
-    },
+    markBroadcast: (id: string, error?: string): Promise<void> => broadcastTogether({ id, error }),
 
     async noteError(id: string, error: string): Promise<void> {
       await db.query(`UPDATE settlement_outbox SET attempts = attempts + 1, last_error = $2, updated_at = now() WHERE id = $1`, [id, error.slice(0, 500)]);
@@ -919,13 +1049,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
         const [row] = await db.query<OutboxRow>(`SELECT ${OUTBOX_COLUMNS} FROM settlement_outbox WHERE id = $1 AND state IN ('signed', 'broadcast')`, [id]);
         if (row) why = await hooks.explainRevert(row, minedHash, minedAt).catch(() => undefined);
       }
-      const rows = await db.query<MinedFacts & { signer: string }>(
-        `UPDATE settlement_outbox o SET state = $2, mined_hash = $3, mined_block_number = $4::bigint, mined_block_hash = $5::text, watched = $4::bigint IS NOT NULL,
-           revert_reason = $6::text, revert_message = $7::text, updated_at = now()
-         WHERE id = $1 AND state IN ('signed', 'broadcast') RETURNING signer, ${MINED_FACTS}`,
-        [id, success ? "confirmed" : "reverted", minedHash, minedAt?.blockNumber.toString() ?? null, minedAt?.blockHash ?? null, why?.code ?? null, why?.message ?? null],
-      );
-      const row = rows[0];
+      const row = await minedTogether({ id, values: [success ? "confirmed" : "reverted", minedHash, minedAt?.blockNumber.toString() ?? null, minedAt?.blockHash ?? null, why?.code ?? null, why?.message ?? null] });
       // Gas is counted at the first mining only: the same bytes mined again after a reorg paid once on the canonical chain.
       if (row && !row.reorged && gasWei !== undefined) hooks.onMined?.(row.signer, gasWei);
       return { changed: !!row, reorged: !!row?.reorged, row };
@@ -1172,9 +1296,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       return (await db.query(`SELECT 1 FROM settlement_payment_tenants WHERE network = $1 AND payment_id = $2 AND tenant = $3`, [network, paymentId, tenant])).length > 0;
     },
 
-    async outboxForPayment(paymentId: string): Promise<OutboxRow[]> {
-      return db.query<OutboxRow>(`SELECT ${OUTBOX_COLUMNS} FROM settlement_outbox WHERE network = $1 AND payment_id = $2 ORDER BY id`, [network, paymentId]);
-    },
+    outboxForPayment: (paymentId: string): Promise<OutboxRow[]> => outboxTogether(paymentId),
 
     async outboxByHash(hash: string): Promise<OutboxRow | undefined> {
       return (await db.query<OutboxRow>(`SELECT ${OUTBOX_COLUMNS} FROM settlement_outbox WHERE network = $1 AND $2 = ANY(hashes)`, [network, hash]))[0];
