@@ -167,7 +167,10 @@ export async function startNetworkPolicies(cp: ControlPlane, node: RealNode): Pr
     cleanup();
     running = undefined;
     out.end();
-    const left = tables().filter((t) => !before.has(t));
+    // Only the tables it or this helper make: others appear meanwhile on a fresh host (the bridge
+    // plugin's masquerade makes `ip nat` at the first pod, kube-proxy its own) and are not ours to judge.
+    const ours = new Set([`table inet ${UPSTREAM_TABLE}`, "table ip mangle"]);
+    const left = tables().filter((t) => ours.has(t) && !before.has(t));
     if (left.length || diverted()) throw new Error(`network policies: left after stop: ${[...left, ...(diverted() ? [`iptables chain ${CHAIN}`] : [])].join(", ")}\n${tail()}`);
     rmSync(dir, { recursive: true, force: true });
   };
