@@ -43,7 +43,10 @@ export interface ChainClient {
 function createEndpoint(url: string, network: string, metrics?: Metrics) {
   const target = new URL(url);
   const pool = new Pool(target.origin, { connections: POOL_CONNECTIONS, keepAliveTimeout: 30_000 });
-  // Round trips on their way, and who wants to hear when one ends (the batcher: see createBatcher).
+  // Calls the node holds until a block (synchronous sends) go over connections of their own: held
+  // for seconds, they would leave a burst's quick calls half the pool.
+  const heldPool = new Pool(target.origin, { connections: HELD_CONNECTIONS, keepAliveTimeout: 30_000 });
+  // Quick round trips on their way, and who wants to hear when one ends (the batcher: see createBatcher).
   let inFlight = 0;
   const onSettled = new Set<() => void>();
   const path = `${target.pathname}${target.search}`;
@@ -58,15 +61,16 @@ function createEndpoint(url: string, network: string, metrics?: Metrics) {
     return withSpan(`rpc ${method}`, { "rpc.system": "jsonrpc", "rpc.method": method, "x402.network": network, "x402.rpc.endpoint": name }, async () => {
       const end = metrics?.rpcDuration.startTimer(labels);
       let result = "error";
-      inFlight++;
+      const held = HELD_METHODS.has(method);
+      if (!held) inFlight++;
       try {
-        const res = await pool.request({ path, method: "POST", headers: init.headers ?? JSON_HEADERS, body, signal: init.signal, headersTimeout: init.timeoutMs, bodyTimeout: init.timeoutMs });
+        const res = await (held ? heldPool : pool).request({ path, method: "POST", headers: init.headers ?? JSON_HEADERS, body, signal: init.signal, headersTimeout: init.timeoutMs, bodyTimeout: init.timeoutMs });
         const text = await res.body.text();
         // A JSON-RPC error is seen without parsing the body.
         result = res.statusCode < 200 || res.statusCode >= 300 ? `http_${res.statusCode}` : text.includes('"error"') ? "rpc_error" : "ok";
         return { status: res.statusCode, headers: res.headers, text };
       } finally {
-        inFlight--;
+        if (!held) inFlight--;
         end?.();
         metrics?.rpcRequests.inc({ ...labels, method, result });
         for (const f of onSettled) f();
@@ -76,8 +80,10 @@ function createEndpoint(url: string, network: string, metrics?: Metrics) {
   return { url, name, post, inFlight: () => inFlight, onSettled };
 }
 
-/** Connections to one RPC endpoint. */
+/** Connections to one RPC endpoint for calls answered at once, and for calls the node holds until a block. */
 const POOL_CONNECTIONS = 32;
+const HELD_CONNECTIONS = 16;
+const HELD_METHODS = new Set(["eth_sendRawTransactionSync"]);
 
 const JSON_HEADERS = { "content-type": "application/json" };
 

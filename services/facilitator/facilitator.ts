@@ -33,7 +33,6 @@ import { extractAndValidatePaymentIdentifier } from "@x402/extensions/payment-id
 import { createErc20ApprovalGasSponsoringExtension } from "@x402/extensions";
 import { sponsorVerdict, type ApprovalSponsor, type SponsorRefusal } from "./settlement/approval-sponsor.ts";
 import { createSettlementStatus, type StatusCaller } from "./settlement/status.ts";
-import { createSendLane } from "./settlement/lane.ts";
 import type { SettlementStore } from "./settlement/store.ts";
 import { SETTLEMENT_STATUS, type ConfirmationPolicy } from "../x402/extensions.ts";
 
@@ -101,7 +100,6 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
   if (sponsor) core.registerExtension(createErc20ApprovalGasSponsoringExtension(sponsor));
   // The confirmation policy: at what depth a settlement is answered success and counted final.
   const settlements = opts.settlements;
-  const lane = createSendLane(SEND_LANE_TURNS);
   const policy: ConfirmationPolicy | undefined = settlements && { [opts.network]: { confirmations: settlements.confirmations } };
   const supported = {
     ...(core.getSupported() as SupportedResponse),
@@ -291,95 +289,88 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
     },
 
     async settle(body, caller = {}, gas) {
-      // A turn of the send lane (lane.ts) until the payment's first transaction is stored.
-      const leaveLane = await lane.enter();
-      try {
-        const { payload, requirements } = prepare(body);
-        const job = { ...settleJobOf(payload, requirements), tenant: caller.tenant, webhook: caller.tenantWebhook };
-        if (opts.receiverAuthorizer && requirements.scheme === "batch-settlement") {
-          authenticateReceivers(receiversNeedingAuthorizer(payload.payload, opts.receiverAuthorizer.address), caller.authorization, opts.receiverCredentials);
-        }
-        const labels = { network: opts.network, scheme: requirements.scheme };
-        const end = opts.metrics.settleDuration.startTimer(labels);
-        const clientId = await checkIdentifier(payload, requirements);
-        const plan = planOf(payload, requirements);
-        // A plan the fees cannot be read for now is not refused here: each step's own commit still bounds it.
-        const refusal = (await refusalOf(payload, requirements, plan, "settle")) ?? (await budgetRefusal(plan, gas).catch(() => undefined));
-        const response = await withSpan("facilitator.settle", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
-          let r: SettleResponse;
-          const { failed, value, error } = refusal
-            ? {
-                failed: false,
-                value: { success: false, errorReason: refusal.reason, errorMessage: refusal.message, transaction: "", network: requirements.network, ...(payerOf(payload) ? { payer: payerOf(payload) } : {}) } as SettleResponse,
-                error: undefined,
-              }
-            : await watchRpc(() =>
-                opts.coordinator.settle({
-                  ...job,
-                  leaveLane,
-                  clientId,
-                  gas,
-                  plan,
-                  run: () =>
-                    withAssetCode(opts.signer, requirements, async () => {
-                      const refused = (reason: string, message?: string) =>
-                        ({ success: false, errorReason: reason, ...(message ? { errorMessage: message } : {}), transaction: "", network: requirements.network, payer: payerOf(payload) }) as SettleResponse;
-                      const payer = await smartWallets.stepsFor(payload, requirements);
-                      const forged = payer.refusal ?? (await sponsorRefusal(payload, requirements));
-                      if (forged) return refused(forged.reason, forged.message);
-                      const answered = await payer.beforeSettle();
-                      if (answered) return answered;
-                      return withDecodedReverts(() => core.settle(payload, requirements));
-                    }),
-                }),
-              );
-          // Only a refusal with nothing sent becomes a 503: a payment with a transaction is answered by its outcome or settlement_pending.
-          if (value && !(failed && !value.success && value.errorReason !== SETTLEMENT_PENDING && !value.transaction)) r = scrub(value);
-          else if (failed) r = { success: false, errorReason: RPC_UNAVAILABLE, transaction: "", network: requirements.network };
-          // The store failed with nothing of this payment sent (the coordinator answers from the chain once a transaction exists): no verdict, 503.
-          else if (isDatabaseUnavailable(error)) r = { success: false, errorReason: STORE_UNAVAILABLE, transaction: "", network: requirements.network };
-          // Another request holds this payment and has sent nothing yet: not a verdict either (its outcome comes to a retry).
-          else if (error instanceof SettlementBusyError) r = { success: false, errorReason: STORE_BUSY, errorMessage: error.message, transaction: "", network: requirements.network };
-          else {
-            opts.logger.error({ err: errorSummary(error), scheme: requirements.scheme }, "settle failed unexpectedly (nothing was stored for it)");
-            r = { success: false, errorReason: UNEXPECTED_SETTLE_ERROR, errorMessage: safeMessage(error), transaction: "", network: requirements.network };
-          }
-          span.setAttributes({ "x402.success": r.success, "x402.reason": reasonLabel(r.errorReason), "x402.transaction": r.transaction });
-          return r;
-        });
-        end();
-        if (clientId && (response.success || response.transaction)) {
-          await opts.coordinator.bindIdentifier(clientId, payload, requirements).catch((e: unknown) => opts.logger.warn({ err: errorSummary(e) }, "payment identifier not bound"));
-        }
-        // A tenant answered with a transaction reads the payment's status (whoever settled it first).
-        if (settlements && job.tenant && (response.success || response.transaction)) {
-          await opts.coordinator.noteTenant(job).catch((e: unknown) => opts.logger.warn({ err: errorSummary(e) }, "tenant not recorded for the status API"));
-        }
-        // A refusal with nothing sent is kept so the payment's status can say why (not a 503: that is no verdict).
-        if (settlements && !response.success && !response.transaction && !NO_VERDICT.has(response.errorReason ?? "")) {
-          await opts.coordinator.noteRefusal(job, response).catch((e: unknown) => opts.logger.warn({ err: errorSummary(e) }, "refusal not recorded for the status API"));
-        }
-        // The size of the router's next reservation for this scheme (no quote when the RPC is down).
-        // (A counterfactual payer's wallet may be deployed first, a sponsored payer funded first: one more transaction each.)
-        if (gas) {
-          const kinds = SCHEME_TRANSACTION_KINDS[requirements.scheme] ?? [];
-          gas.quote = await Promise.all([
-            opts.signer.worstCase(kinds),
-            factories.length ? opts.signer.worstCase(["wallet_deployment"]) : 0n,
-            sponsor && requirements.scheme !== "batch-settlement" ? Promise.all([opts.signer.worstCase(["gas_funding"]), sponsor.fundingBound()]).then(([tx, value]) => tx + value) : 0n,
-          ])
-            .then(([settle, deploy, funding]) => settle + deploy + funding)
-            .catch(() => undefined);
-        }
-        const result = response.success ? "success" : response.errorReason === SETTLEMENT_PENDING ? "pending" : "failure";
-        opts.metrics.settleTotal.inc({ ...labels, result, reason: reasonLabel(response.errorReason) });
-        if (response.errorReason === RPC_UNAVAILABLE) throw rpcUnavailable(opts);
-        if (response.errorReason === STORE_UNAVAILABLE) throw new RequestError("backend_unavailable", "the settlement store is unavailable; retry (a retry reports this payment's outcome)", RETRY_SOON);
-        if (response.errorReason === STORE_BUSY) throw new RequestError("backend_unavailable", response.errorMessage ?? "another request is settling this payment; retry", RETRY_SOON);
-        return response;
-      } finally {
-        leaveLane();
+      const { payload, requirements } = prepare(body);
+      const job = { ...settleJobOf(payload, requirements), tenant: caller.tenant, webhook: caller.tenantWebhook };
+      if (opts.receiverAuthorizer && requirements.scheme === "batch-settlement") {
+        authenticateReceivers(receiversNeedingAuthorizer(payload.payload, opts.receiverAuthorizer.address), caller.authorization, opts.receiverCredentials);
       }
+      const labels = { network: opts.network, scheme: requirements.scheme };
+      const end = opts.metrics.settleDuration.startTimer(labels);
+      const clientId = await checkIdentifier(payload, requirements);
+      const plan = planOf(payload, requirements);
+      // A plan the fees cannot be read for now is not refused here: each step's own commit still bounds it.
+      const refusal = (await refusalOf(payload, requirements, plan, "settle")) ?? (await budgetRefusal(plan, gas).catch(() => undefined));
+      const response = await withSpan("facilitator.settle", { "x402.network": opts.network, "x402.scheme": requirements.scheme }, async (span) => {
+        let r: SettleResponse;
+        const { failed, value, error } = refusal
+          ? {
+              failed: false,
+              value: { success: false, errorReason: refusal.reason, errorMessage: refusal.message, transaction: "", network: requirements.network, ...(payerOf(payload) ? { payer: payerOf(payload) } : {}) } as SettleResponse,
+              error: undefined,
+            }
+          : await watchRpc(() =>
+              opts.coordinator.settle({
+                ...job,
+                clientId,
+                gas,
+                plan,
+                run: () =>
+                  withAssetCode(opts.signer, requirements, async () => {
+                    const refused = (reason: string, message?: string) =>
+                      ({ success: false, errorReason: reason, ...(message ? { errorMessage: message } : {}), transaction: "", network: requirements.network, payer: payerOf(payload) }) as SettleResponse;
+                    const payer = await smartWallets.stepsFor(payload, requirements);
+                    const forged = payer.refusal ?? (await sponsorRefusal(payload, requirements));
+                    if (forged) return refused(forged.reason, forged.message);
+                    const answered = await payer.beforeSettle();
+                    if (answered) return answered;
+                    return withDecodedReverts(() => core.settle(payload, requirements));
+                  }),
+              }),
+            );
+        // Only a refusal with nothing sent becomes a 503: a payment with a transaction is answered by its outcome or settlement_pending.
+        if (value && !(failed && !value.success && value.errorReason !== SETTLEMENT_PENDING && !value.transaction)) r = scrub(value);
+        else if (failed) r = { success: false, errorReason: RPC_UNAVAILABLE, transaction: "", network: requirements.network };
+        // The store failed with nothing of this payment sent (the coordinator answers from the chain once a transaction exists): no verdict, 503.
+        else if (isDatabaseUnavailable(error)) r = { success: false, errorReason: STORE_UNAVAILABLE, transaction: "", network: requirements.network };
+        // Another request holds this payment and has sent nothing yet: not a verdict either (its outcome comes to a retry).
+        else if (error instanceof SettlementBusyError) r = { success: false, errorReason: STORE_BUSY, errorMessage: error.message, transaction: "", network: requirements.network };
+        else {
+          opts.logger.error({ err: errorSummary(error), scheme: requirements.scheme }, "settle failed unexpectedly (nothing was stored for it)");
+          r = { success: false, errorReason: UNEXPECTED_SETTLE_ERROR, errorMessage: safeMessage(error), transaction: "", network: requirements.network };
+        }
+        span.setAttributes({ "x402.success": r.success, "x402.reason": reasonLabel(r.errorReason), "x402.transaction": r.transaction });
+        return r;
+      });
+      end();
+      if (clientId && (response.success || response.transaction)) {
+        await opts.coordinator.bindIdentifier(clientId, payload, requirements).catch((e: unknown) => opts.logger.warn({ err: errorSummary(e) }, "payment identifier not bound"));
+      }
+      // A tenant answered with a transaction reads the payment's status (whoever settled it first).
+      if (settlements && job.tenant && (response.success || response.transaction)) {
+        await opts.coordinator.noteTenant(job).catch((e: unknown) => opts.logger.warn({ err: errorSummary(e) }, "tenant not recorded for the status API"));
+      }
+      // A refusal with nothing sent is kept so the payment's status can say why (not a 503: that is no verdict).
+      if (settlements && !response.success && !response.transaction && !NO_VERDICT.has(response.errorReason ?? "")) {
+        await opts.coordinator.noteRefusal(job, response).catch((e: unknown) => opts.logger.warn({ err: errorSummary(e) }, "refusal not recorded for the status API"));
+      }
+      // The size of the router's next reservation for this scheme (no quote when the RPC is down).
+      // (A counterfactual payer's wallet may be deployed first, a sponsored payer funded first: one more transaction each.)
+      if (gas) {
+        const kinds = SCHEME_TRANSACTION_KINDS[requirements.scheme] ?? [];
+        gas.quote = await Promise.all([
+          opts.signer.worstCase(kinds),
+          factories.length ? opts.signer.worstCase(["wallet_deployment"]) : 0n,
+          sponsor && requirements.scheme !== "batch-settlement" ? Promise.all([opts.signer.worstCase(["gas_funding"]), sponsor.fundingBound()]).then(([tx, value]) => tx + value) : 0n,
+        ])
+          .then(([settle, deploy, funding]) => settle + deploy + funding)
+          .catch(() => undefined);
+      }
+      const result = response.success ? "success" : response.errorReason === SETTLEMENT_PENDING ? "pending" : "failure";
+      opts.metrics.settleTotal.inc({ ...labels, result, reason: reasonLabel(response.errorReason) });
+      if (response.errorReason === RPC_UNAVAILABLE) throw rpcUnavailable(opts);
+      if (response.errorReason === STORE_UNAVAILABLE) throw new RequestError("backend_unavailable", "the settlement store is unavailable; retry (a retry reports this payment's outcome)", RETRY_SOON);
+      if (response.errorReason === STORE_BUSY) throw new RequestError("backend_unavailable", response.errorMessage ?? "another request is settling this payment; retry", RETRY_SOON);
+      return response;
     },
   };
 }
@@ -390,12 +381,6 @@ export function createFacilitator(opts: FacilitatorOptions): Facilitator {
  * count it under this reason.
  */
 const RPC_UNAVAILABLE = "rpc_unavailable";
-/**
- * Settlements at once between arrival and their first stored transaction (lane.ts): enough to keep
- * a provider's round trips (a simulation, a balance, the store) full at hundreds of sends a second.
- */
-const SEND_LANE_TURNS = 64;
-
 /** The settlement store failed before anything of the payment was stored (counted under this reason, answered 503). */
 const STORE_UNAVAILABLE = "store_unavailable";
 /** Another request holds the payment's claim with nothing sent (answered 503). */

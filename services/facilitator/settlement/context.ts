@@ -27,8 +27,6 @@ export interface SettlementContext {
    * rests on when the store fails afterwards (coordinator.ts answers from the chain then).
    */
   stored?: { hash: Hex; kind: TransactionKind }[];
-  /** Called when a transaction of the run is stored (lane.ts: the payment's turn ends there). */
-  onStored?: () => void;
 }
 
 export const settlementContext = new AsyncLocalStorage<SettlementContext>();

@@ -74,8 +74,6 @@ export interface SettleJob {
   tenant?: string;
   /** The tenant's webhook URL, as its router sent it (FLEET_HEADERS.tenantWebhook). */
   webhook?: string;
-  /** Ends the request's turn (lane.ts): called once the run stored a transaction, or before the request waits on another's. */
-  leaveLane?: () => void;
   run: () => Promise<SettleResponse>;
 }
 
@@ -169,7 +167,7 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
         await store.release(paymentId, owner);
         return refusal;
       }
-      result = await settlementContext.run({ paymentId, owner, signer: job.signer, gas: job.gas, plan: job.plan && { ...job.plan, admitted: new Set() }, stored, onStored: job.leaveLane }, job.run);
+      result = await settlementContext.run({ paymentId, owner, signer: job.signer, gas: job.gas, plan: job.plan && { ...job.plan, admitted: new Set() }, stored }, job.run);
     } catch (e) {
       await store.release(paymentId, owner); // a no-op when a transaction exists: that one is still driven to its end
       throw e;
@@ -206,7 +204,6 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
       return (await store.record(paymentId, result)) ?? answerOf(paymentId);
     }
     // A transaction exists but its outcome is not known: drive it (bounded), never re-execute.
-    job.leaveLane?.();
     return awaitOutcome(paymentId, deadline, job.gas);
   }
 
@@ -308,12 +305,10 @@ export function createSettlementCoordinator(opts: CoordinatorOptions) {
         if (row.state !== "claimed") return failure(job.reusedReason, payer, "this authorization's nonce is already used by another payment");
       } else {
         if (isFinal(row)) return row.response;
-        job.leaveLane?.();
         if (row.state === "sent") return awaitOutcome(id, deadline);
       }
       if (row.lease_expired && (await store.takeOver(id, digest, extra, owner, leaseMs, terms))) return execute(job, id, payer, deadline, owner, stored);
       if (Date.now() >= deadline) throw new SettlementBusyError("another request is settling a payment with this nonce and has sent no transaction yet; retry /settle");
-      job.leaveLane?.();
       await sleep(poll);
     }
   }

@@ -484,7 +484,6 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
           throw e;
         });
       ctx?.stored?.push({ hash: row.hash, kind });
-      ctx?.onStored?.();
       crash("after_store", opts.crashAt);
       for (let attempt = 0; ; attempt++) {
         const outcome = await send(row, true);
@@ -640,17 +639,23 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
 
     async getCode(args) {
       const key = args.address.toLowerCase();
-      const hit = codeCache.get(key);
-      if (hit && hit.until > Date.now()) return hit.code;
-      if (codeCache.size > 50_000) codeCache.clear();
-      const entry = { code: client.getCode(args), until: Infinity };
-      codeCache.set(key, entry);
-      // The window starts when the answer comes; a failed read is not kept.
-      entry.code.then(
-        () => (entry.until = Date.now() + CODE_TTL_MS),
-        () => codeCache.get(key) === entry && codeCache.delete(key),
-      );
-      return entry.code;
+      let entry = codeCache.get(key);
+      if (!entry || entry.until <= Date.now()) {
+        if (codeCache.size > 50_000) codeCache.clear();
+        const read = { code: client.getCode(args), until: Infinity };
+        codeCache.set(key, (entry = read));
+        // The window starts when the answer comes; a failed read is not kept.
+        read.code.then(
+          () => (read.until = Date.now() + CODE_TTL_MS),
+          () => codeCache.get(key) === read && codeCache.delete(key),
+        );
+      }
+      // Shared by the requests that asked meanwhile: a failure counts against each of them (chain.ts
+      // watchRpc), so each answers "the RPC did not answer", never a verdict.
+      return entry.code.catch((e: unknown) => {
+        noteRpcFailure(e);
+        throw e;
+      });
     },
   };
 }
