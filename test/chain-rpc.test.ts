@@ -148,19 +148,23 @@ describe("ChainClient.rpc batches", () => {
   });
 
   it("with every connection busy, calls made in separate turns wait and go as one batch when a round trip ends", async () => {
-    // 32 calls the endpoint holds (every connection of the pool), ended by the client's timeout.
-    first.configure({ rate: 1, kinds: ["timeout"], methods: ["eth_sendRawTransactionSync"] });
+    // 32 calls the endpoint holds (every connection of the pool), ended by the client's timeout; a
+    // method never batched, so each takes a connection of its own.
+    first.configure({ rate: 1, kinds: ["timeout"], methods: ["eth_getTransactionByHash"] });
     const chain = createChainClient({ chainId: CHAIN_ID, rpcUrls: [first.url], rpcTimeoutMs: 1000 });
     const before = requestsOf(first);
-    const held = Array.from({ length: 32 }, () => chain.rpc("eth_sendRawTransactionSync", ["0x00"]).catch(() => undefined));
+    const held = Array.from({ length: 32 }, () => chain.rpc("eth_getTransactionByHash", [`0x${"11".repeat(32)}`]).catch(() => undefined));
     const answers: Promise<unknown>[] = [];
     for (let i = 0; i < 3; i++) {
       answers.push(chain.rpc("eth_chainId", []));
       await new Promise((r) => setImmediate(r)); // each call in a turn of its own
     }
-    expect(await Promise.all(answers)).toEqual(Array(3).fill(`0x${CHAIN_ID.toString(16)}`));
-    await Promise.all(held);
-    first.configure({});
+    try {
+      expect(await Promise.all(answers)).toEqual(Array(3).fill(`0x${CHAIN_ID.toString(16)}`));
+      await Promise.all(held);
+    } finally {
+      first.configure({});
+    }
     // The held calls (each tried twice: the round nobody answered is tried once more), and one batch of the three.
     const counted = since(first, before);
     expect(counted.batches).toBe(1);
