@@ -198,13 +198,20 @@ async function main() {
     return { calls, roundTrips, seconds };
   }
 
-  /** CPU seconds of every PostgreSQL server process on this machine (the facilitators' database share). */
+  /**
+   * CPU seconds of the PostgreSQL server on this machine (the facilitators' database share): every
+   * postgres process's own time and its exited children's (a backend that ends between two readings
+   * moves its time to the postmaster's children, so the sum only grows).
+   */
   async function postgresCpu(): Promise<number> {
     let total = 0;
     for (const pid of await readdir("/proc").catch(() => [] as string[])) {
       if (!/^\d+$/.test(pid)) continue;
       const comm = await readFile(`/proc/${pid}/comm`, "utf8").catch(() => "");
-      if (comm.trim() === "postgres") total += (await procStats(Number(pid)).catch(() => ({ cpu: 0 }))).cpu;
+      if (comm.trim() !== "postgres") continue;
+      const stat = await readFile(`/proc/${pid}/stat`, "utf8").catch(() => undefined);
+      const f = stat?.split(") ")[1]?.split(" ");
+      if (f) total += (Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14])) / 100;
     }
     return total;
   }
