@@ -88,6 +88,24 @@ describe.each(ENGINES)("shared receipt waits (%s store)", (engine) => {
     expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(55n);
   });
 
+  it("on a chain that keeps a block schedule, a payment's wait makes one receipt lookup, when a followed block holds it (none right after the send)", async () => {
+    rig = await startRig({ engine });
+    const f = await rig.facilitator({ receiptTimeoutMs: 20_000, policy: { minBlockIntervalMs: 2000 } });
+    const bodies = await Promise.all(Array.from({ length: 10 }, (_, i) => rig!.payment(BigInt(i + 1))));
+    await rig.test.setAutomine(false);
+    const before = await receiptCalls(f.adminUrl);
+    const answers = Promise.all(bodies.map(async (b) => (await postJson(`${f.url}/settle`, b)).json));
+    await eventually(async () => ((await rig!.test.getTxpoolStatus()).pending === bodies.length ? true : undefined), 400, 25);
+    await new Promise((r) => setTimeout(r, 1000));
+    await rig.test.mine({ blocks: 1 });
+    await rig.test.setAutomine(true);
+    for (const a of await answers) expect(a).toMatchObject({ success: true });
+    const calls = (await receiptCalls(f.adminUrl)) - before;
+    expect(calls).toBeGreaterThanOrEqual(bodies.length);
+    expect(calls).toBeLessThanOrEqual(bodies.length + 4); // two per payment without the announcement
+    expect(await balanceOf(rig.anvil.rpcUrl, rig.usdc.address, rig.receiver)).toBe(55n);
+  });
+
   it("a backlog in the node's pool: one pending-nonce read per pass, not a lookup per transaction; behind the key's lowest, nothing priced at the market is replaced; a gap of several lost transactions is filled with the stored bytes", async () => {
     rig = await startRig({ engine });
     // Due a replacement after 1 s, and checked against the pool after 5 s: both happen while the backlog waits.

@@ -2,7 +2,7 @@
 // tarball of `secp256k1`) where it loads, viem's pure-JS implementation elsewhere. Both paths give
 // the same answer for every input (a differential test proves it); the native one is ~20× faster.
 import { createRequire } from "node:module";
-import { bytesToHex, getAddress, hashTypedData, hexToBytes, keccak256, recoverAddress as viemRecoverAddress, serializeTransaction, type Address, type Hex, type TypedDataDefinition } from "viem";
+import { bytesToHex, getAddress, hashTypedData, hexToBytes, recoverAddress as viemRecoverAddress, serializeTransaction, type Address, type Hex, type TypedDataDefinition } from "viem";
 import { privateKeyToAccount, type PrivateKeyAccount } from "viem/accounts";
 import { keccak256 as keccak256Bytes } from "./keccak.ts";
 
@@ -96,7 +96,8 @@ export function settlementAccount(privateKey: Hex): PrivateKeyAccount {
     // EIP-1559 only (all the outbox signs): legacy v and blob sidecars are viem's business.
     if (transaction.type !== "eip1559") return account.signTransaction(transaction, options);
     const serializer = options?.serializer ?? serializeTransaction;
-    const { signature, recid } = native.ecdsaSign(hexToBytes(keccak256(await serializer(transaction))), secret);
+    const unsigned = await serializer(transaction);
+    const { signature, recid } = native.ecdsaSign(Buffer.from(keccak256Bytes(Buffer.from(unsigned.slice(2), "hex")).slice(2), "hex"), secret);
     return (await serializer(transaction, { r: bytesToHex(signature.subarray(0, 32)), s: bytesToHex(signature.subarray(32)), yParity: recid })) as never;
   };
   return { ...account, signTransaction };

@@ -9,7 +9,6 @@ import {
   encodeFunctionData,
   toHex,
   isAddressEqual,
-  keccak256,
   parseAbi,
   serializeTransaction,
   hashTypedData,
@@ -32,8 +31,9 @@ import { BelowFeeFloorError, DEFAULT_BASE_FEE_MULTIPLIER, GasCeilingExceededErro
 import { GAS_BUDGET_EXHAUSTED } from "./gas-meter.ts";
 import { admit, TRANSACTION_NOT_PLANNED } from "../plan.ts";
 import { createHeadTracker } from "./head.ts";
-import { isCanonical, pollMined, sleep } from "./receipts.ts";
+import { isCanonical, pollMined, receiptPoller, sleep } from "./receipts.ts";
 import { recoverSigner } from "../crypto/secp256k1.ts";
+import { keccak256 } from "../crypto/keccak.ts";
 import { cleanLine, explainCallFailure, failureCodeOf } from "./reverts.ts";
 import type { OutboxRow, SettlementStore } from "./store.ts";
 
@@ -268,7 +268,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
 
   async function sign(account: PrivateKeyAccount, tx: { to: Hex; data: Hex; gas: bigint; nonce: bigint; maxFeePerGas: bigint; maxPriorityFeePerGas: bigint; value?: bigint }) {
     const raw = await account.signTransaction({ chainId: chain.id, type: "eip1559", to: tx.to, data: tx.data, gas: tx.gas, nonce: Number(tx.nonce), maxFeePerGas: tx.maxFeePerGas, maxPriorityFeePerGas: tx.maxPriorityFeePerGas, ...(tx.value ? { value: tx.value } : {}) });
-    return { raw, hash: keccak256(raw) };
+    return { raw, hash: keccak256(Buffer.from(raw.slice(2), "hex")) };
   }
 
   /** Whether the node knows one of our hashes for this row (so a "nonce used" is about us). */
@@ -484,6 +484,9 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
           throw e;
         });
       ctx?.stored?.push({ hash: row.hash, kind });
+      // On a chain that keeps a block schedule the transaction cannot be mined before the next block:
+      // its wait looks it up when a followed block holds it, not right after the send.
+      if (minBlockIntervalMs > 0) receiptPoller(opts.chain).expect([row.hash]);
       crash("after_store", opts.crashAt);
       for (let attempt = 0; ; attempt++) {
         const outcome = await send(row, true);

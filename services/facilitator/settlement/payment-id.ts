@@ -3,7 +3,8 @@
 // identified by its canonical signed payload. Network and scheme are always part of it.
 // Its digest: everything that decides what moves where (payload, extensions, asset, payTo,
 // amount). One identity with two digests is two different payments competing for one nonce.
-import { keccak256, toBytes, getAddress } from "viem";
+import { getAddress } from "viem";
+import { keccak256 } from "../crypto/keccak.ts";
 import type { PaymentPayload, PaymentRequirements } from "@x402/core/types";
 
 type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
@@ -39,7 +40,7 @@ export function paymentIdentity(payload: PaymentPayload, requirements: PaymentRe
   } else {
     id = `${scope}|payload|${canonicalJson(payload.payload)}`;
   }
-  return { id: keccak256(toBytes(id)), payer };
+  return { id: keccak256(Buffer.from(id)), payer };
 }
 
 const ADDRESS = /^0x[0-9a-fA-F]{40}$/;
@@ -113,10 +114,10 @@ export function identifierScope(payload: PaymentPayload, identityPayer: string |
  * it, so a copy of a payment with another `extra` never speaks for the genuine one.
  */
 export function requestDigest(payload: PaymentPayload, requirements: PaymentRequirements): string {
-  return keccak256(toBytes(canonicalJson({ payment: paymentDigest(payload, requirements), extra: requirements.extra ?? null })));
+  return keccak256(Buffer.from(canonicalJson({ payment: paymentDigest(payload, requirements), extra: requirements.extra ?? null })));
 }
 
 export function paymentDigest(payload: PaymentPayload, requirements: PaymentRequirements): string {
   const { scheme, network, asset, payTo, amount } = requirements;
-  return keccak256(toBytes(canonicalJson({ scheme, network, asset, payTo, amount, payload: payload.payload, extensions: payload.extensions ?? null })));
+  return keccak256(Buffer.from(canonicalJson({ scheme, network, asset, payTo, amount, payload: payload.payload, extensions: payload.extensions ?? null })));
 }

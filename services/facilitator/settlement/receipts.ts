@@ -97,6 +97,10 @@ export function createReceiptPoller(chain: ChainClient, opts: ReceiptPollerOptio
   // Hashes someone waits for (lower case), and the followed block each was seen in.
   const wanted = new Set<string>();
   const included = new Map<string, bigint>();
+  // Hashes about to be sent on a chain that keeps a block schedule (by when): such a transaction
+  // cannot be in a block yet, so its first wait looks it up once a followed block holds it, not at
+  // once (a burst's thousand lookups that could only answer "not yet").
+  const expected = new Map<string, number>();
   let head: { number: bigint; hash: Hex | null } | undefined;
   let following: Promise<void> | undefined;
   let followAt = 0;
@@ -106,11 +110,21 @@ export function createReceiptPoller(chain: ChainClient, opts: ReceiptPollerOptio
     for (const h of hashes) {
       wanted.delete(h.toLowerCase());
       included.delete(h.toLowerCase());
+      expected.delete(h.toLowerCase());
     }
   }
 
+  // Forgets idle watches at most once a second: on every lookup it would walk a burst's thousand
+  // watches for each of their thousand waiters.
+  let sweptAt = 0;
   function sweep(now: number) {
-    if (watches.size < 256) return;
+    if ((watches.size < 256 && expected.size < 256) || now - sweptAt < 1000) return;
+    sweptAt = now;
+    for (const [h, at] of expected) {
+      if (now - at <= idleMs) continue;
+      expected.delete(h); // never awaited (its send failed): nothing follows it any more
+      if (!wanted.has(h)) included.delete(h);
+    }
     for (const [key, w] of watches) {
       if (w.inFlight || now - w.lastUsed <= idleMs) continue;
       watches.delete(key);
@@ -131,7 +145,10 @@ export function createReceiptPoller(chain: ChainClient, opts: ReceiptPollerOptio
     for (let n = number - 1n; head && n > head.number && missed.length < MAX_BACKFILL; n--) missed.push(n);
     const blocks = [latest, ...(await Promise.all(missed.map((n) => chain.client.getBlock({ blockNumber: n }).catch(() => undefined))))];
     for (const block of blocks) {
-      for (const hash of (block?.transactions ?? []) as Hex[]) if (wanted.has(hash.toLowerCase())) included.set(hash.toLowerCase(), block!.number!);
+      for (const hash of (block?.transactions ?? []) as Hex[]) {
+        const h = hash.toLowerCase();
+        if (wanted.has(h) || expected.has(h)) included.set(h, block!.number!);
+      }
     }
     head = { number, hash: latest.hash };
   }
@@ -160,6 +177,8 @@ export function createReceiptPoller(chain: ChainClient, opts: ReceiptPollerOptio
       let w = watches.get(key);
       if (w && !w.inFlight && now - w.lastUsed > idleMs) w = undefined; // a new wait: a fresh budget
       const first = !w;
+      // Announced before its send: no block held it then, so the first look waits for one that does.
+      const fresh = first && hashes.every((h) => expected.has(h.toLowerCase()));
       if (!w) {
         watches.set(key, (w = { fallbackAt: now + fallbackMs, retryAt: 0, calls: 0, lastUsed: now, hashes }));
         for (const h of hashes) wanted.add(h.toLowerCase());
@@ -174,7 +193,7 @@ export function createReceiptPoller(chain: ChainClient, opts: ReceiptPollerOptio
           const at = included.get(h.toLowerCase());
           return at !== undefined && head !== undefined && head.number - at + 1n >= BigInt(confirmations);
         });
-      if (!first && !seen()) {
+      if ((!first || fresh) && !seen()) {
         await follow(now);
         now = Date.now();
         if (w.inFlight) return w.inFlight; // another waiter started the lookup meanwhile
@@ -195,6 +214,15 @@ export function createReceiptPoller(chain: ChainClient, opts: ReceiptPollerOptio
         })
         .finally(() => (watch.inFlight = undefined));
       return watch.inFlight;
+    },
+    /**
+     * Announces transactions about to be sent where blocks keep a schedule: a block read from now on
+     * that holds one is noted, and the first wait for it looks it up only then (or at the fallback).
+     */
+    expect(hashes: readonly Hex[]): void {
+      const now = Date.now();
+      sweep(now);
+      for (const h of hashes) expected.set(h.toLowerCase(), now);
     },
     /** How many transactions are watched (tests, metrics). */
     size: () => watches.size,
