@@ -218,12 +218,13 @@ describe("request logs", () => {
     await a.close();
     const parsed = lines.map((l) => JSON.parse(l) as { reqId?: string; msg: string; step?: string });
     const ok = parsed.filter((l) => l.reqId === parsed[0]!.reqId);
-    expect(ok.map((l) => l.msg)).toEqual(["incoming request", "inner step", "request completed"]);
-    expect(ok[1]!.step).toBe("inner");
+    expect(ok.map((l) => l.msg)).toEqual(["inner step", "request completed"]); // one access line per request
+    expect(parsed[1]).toMatchObject({ req: { method: "GET", url: "/ok" }, res: { statusCode: 200 } });
+    expect(ok[0]!.step).toBe("inner");
     const boom = parsed.filter((l) => l.reqId !== parsed[0]!.reqId);
     expect(new Set(boom.map((l) => l.reqId)).size).toBe(1);
     expect(boom[0]!.reqId).toMatch(/^req-/);
-    expect(boom.map((l) => l.msg)).toEqual(["incoming request", "test request failed", "request completed"]);
+    expect(boom.map((l) => l.msg)).toEqual(["test request failed", "request completed"]);
   });
 
   it("at warn, a successful request logs nothing and a failure its error line with its reqId", async () => {

@@ -93,7 +93,15 @@ function toCodedError(error: unknown, mediaTypes: string): CodedError | undefine
 export function createServiceApp(opts: ServiceAppOptions, routes: (app: FastifyInstance) => void | Promise<void>): FastifyInstance {
   const { service, bodyLimit } = opts;
   const timeouts = resolveServerTimeouts(opts.timeouts, { longestHandlerMs: opts.longestHandlerMs });
-  const app = Fastify({ loggerInstance: opts.logger as FastifyBaseLogger, childLoggerFactory: lazyRequestLogger, bodyLimit, return503OnClosing: true, ...opts.fastify, ...serverTimeoutOptions(timeouts) });
+  // One access line per request, when it is answered (fastify's own are two: "incoming request" and
+  // "request completed", each a JSON line to serialise and write, a tenth of a millisecond a request).
+  const app = Fastify({ loggerInstance: opts.logger as FastifyBaseLogger, childLoggerFactory: lazyRequestLogger, disableRequestLogging: true, bodyLimit, return503OnClosing: true, ...opts.fastify, ...serverTimeoutOptions(timeouts) });
+  if (opts.logger.isLevelEnabled("info")) {
+    app.addHook("onResponse", (request, reply, done) => {
+      request.log.info({ req: { method: request.method, url: request.url, remoteAddress: request.ip }, res: { statusCode: reply.statusCode }, responseTime: reply.elapsedTime }, "request completed");
+      done();
+    });
+  }
 
   // One parser for any content type: callers differ in what they send, the body is one format either way.
   const parse = opts.parseBody ?? ((text: string) => JSON.parse(text) as unknown);
