@@ -300,6 +300,68 @@ async function main() {
     });
   const onPostgresNote = (k: string) => (k.endsWith("Postgres") ? " (with PostgreSQL's processes)" : "");
 
+  /**
+   * Sustained settlement: payments arriving at a steady rate (open loop: each at its time, whatever
+   * the answers), RATE_STEP_S seconds per rate, the rate raised until p99 passes the bound or a
+   * payment fails. On a chain with a block schedule a settlement waits for the next block (up to one
+   * block time) and then for its answer, so the bound is two block times: the answer within one block
+   * time of the first block that could have held it. Where the rate stops, says which limit it met:
+   * the blocks' capacity (the rate times the block time past what a block holds), or the process.
+   */
+  async function sustained(name: string, url: string, pid: number, onPostgres: boolean) {
+    const RATE_STEP_S = 10;
+    const boundMs = Math.max(1, BLOCK_TIME_S) * 2000;
+    const rows: { rate: number; ok: number; failed: number; p50ms: number; p99ms: number; cpuPerSettleMs: number }[] = [];
+    for (const rate of [50, 100, 150, 200, 300, 400]) {
+      const n = rate * RATE_STEP_S;
+      console.error(`sustained ${name}: ${rate}/s for ${RATE_STEP_S} s (signing ${n})...`);
+      const bodies = await sign(n);
+      const pool = new Pool(new URL(url).origin, { connections: 512 });
+      const path = `${new URL(url).pathname}/settle`;
+      const latencies: number[] = [];
+      let ok = 0;
+      const cpu0 = (await procStats(pid)).cpu + (onPostgres ? await postgresCpu() : 0);
+      const t0 = performance.now();
+      await Promise.all(
+        bodies.map(async (body, i) => {
+          const at = t0 + (i * 1000) / rate;
+          const wait = at - performance.now();
+          if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+          const started = performance.now();
+          const res = await pool.request({ method: "POST", path, headers: { "content-type": "application/json" }, body });
+          const answer = (await res.body.json()) as { success?: boolean };
+          latencies.push(performance.now() - started);
+          if (answer.success) ok++;
+        }),
+      );
+      const cpuUsed = (await procStats(pid)).cpu + (onPostgres ? await postgresCpu() : 0) - cpu0;
+      await pool.close();
+      latencies.sort((a, b) => a - b);
+      const row = { rate, ok, failed: n - ok, p50ms: Math.round(percentile(latencies, 50)), p99ms: Math.round(percentile(latencies, 99)), cpuPerSettleMs: round((cpuUsed / n) * 1000, 2) };
+      rows.push(row);
+      console.error(`  ${JSON.stringify(row)}`);
+      if (row.failed > 0 || row.p99ms > boundMs) break;
+    }
+    return { boundMs, rows };
+  }
+
+  if (process.argv.includes("--sustained")) {
+    const target = burstTargets.find(([k]) => (TARGETS ? TARGETS.has(k) : k === "ours4KeysPostgres")) ?? burstTargets[0]!;
+    const result = await sustained(target[0], target[1], target[2], target[3]);
+    const held = result.rows.filter((r) => r.failed === 0 && r.p99ms <= result.boundMs).pop();
+    const header = `Measured ${new Date().toISOString()} (--sustained --rpc-rtt-ms ${RPC_RTT_MS}${BLOCK_TIME_S ? ` --block-time ${BLOCK_TIME_S}` : ""}, ${target[0]}) on ${cpus().length} × ${cpus()[0]?.model}, Node ${process.version}.`;
+    const md = [
+      `| settles/s offered | ok / failed | p50 / p99 ms | CPU ms per settlement |`,
+      `|---|---|---|---|`,
+      ...result.rows.map((r) => `| ${r.rate} | ${r.ok} / ${r.failed} | ${r.p50ms} / ${r.p99ms} | ${r.cpuPerSettleMs} |`),
+      ``,
+      `Highest rate with p99 within ${result.boundMs} ms and nothing failed: ${held ? `${held.rate}/s` : "none"}.`,
+    ].join("\n");
+    await writeFile(join(ROOT, `bench/results/latest-sustained.md`), `${header}\n\n${md}\n`);
+    console.log(`\n${header}\n\n${md}\n`);
+    return stop();
+  }
+
   if (BURST_ONLY) {
     const settle = await bursts(burstTargets);
     const header = `Measured ${new Date().toISOString()} (--burst-only --rpc-rtt-ms ${RPC_RTT_MS}${BLOCK_TIME_S ? ` --block-time ${BLOCK_TIME_S}` : ""}) on ${cpus().length} × ${cpus()[0]?.model}, Node ${process.version}.`;

@@ -50,6 +50,8 @@ export interface RpcFaultProxy {
   injectedByMethod: Record<string, Partial<Record<FaultKind, number>>>;
   /** Calls seen per JSON-RPC method (batch elements counted one by one). */
   calls: Record<string, number>;
+  /** Per method: how far its schedule went (steps applied: a fault, or "ok"). */
+  scheduled: Record<string, number>;
   /** HTTP requests seen (a batch is one), and how many of them were batches. */
   requests: { total: number; batches: number };
   /** Resolves once no request has been in flight for `quietMs` (faults that lag a request settle by then). */
@@ -95,13 +97,22 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
 
   /** The fault for this request, if any, and which of its calls it hits (one call, or a batch's). */
   function decide(methods: string[]): { kind: FaultKind; hits: (method: string) => boolean } | undefined {
+    // Every call of the request moves its method's schedule on, also behind the first fault (a
+    // method that mostly rides in batches behind another would otherwise never see its faults); a
+    // second fault in one request is not used up, and comes with the method's next request.
+    let chosen: { kind: FaultKind; method: string } | undefined;
     for (const m of methods) {
       const schedule = plan.schedule?.[m];
       if (!schedule?.length) continue;
       const n = scheduled[m] ?? 0;
-      scheduled[m] = n + 1;
       const step = schedule[n % schedule.length]!;
-      if (step !== "ok") return { kind: step, hits: (method) => method === m };
+      if (step !== "ok" && chosen) continue;
+      scheduled[m] = n + 1;
+      if (step !== "ok") chosen = { kind: step, method: m };
+    }
+    if (chosen) {
+      const { kind, method: m } = chosen;
+      return { kind, hits: (method) => method === m };
     }
     if (!plan.rate) return undefined;
     const eligible = (method: string) => !plan.methods || plan.methods.includes(method);
@@ -249,6 +260,7 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
     injectedByMethod,
     requests,
     calls,
+    scheduled,
     async idle(quietMs) {
       while (inFlight > 0 || Date.now() - lastActivity < quietMs) await new Promise((r) => setTimeout(r, 25));
     },

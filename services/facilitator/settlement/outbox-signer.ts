@@ -6,6 +6,7 @@
 // chain client.
 import { randomBytes } from "node:crypto";
 import {
+  TransactionNotFoundError,
   encodeFunctionData,
   toHex,
   isAddressEqual,
@@ -271,10 +272,16 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
     return { raw, hash: keccak256(Buffer.from(raw.slice(2), "hex")) };
   }
 
-  /** Whether the node knows one of our hashes for this row (so a "nonce used" is about us). */
-  async function knownToNode(hashes: readonly Hex[]): Promise<boolean> {
-    const found = await Promise.all(hashes.map((hash) => client.getTransaction({ hash }).then(() => true, () => false)));
-    return found.some(Boolean);
+  /**
+   * Whether the node knows one of our hashes for this row (so a "nonce used" is about us); undefined
+   * when a lookup got no answer. Only "not found" is a no: a lookup the provider failed says nothing,
+   * and taken for a no it would send the same call again on the next nonce (executed twice, the
+   * second reverting: an RPC fault test found it).
+   */
+  async function knownToNode(hashes: readonly Hex[]): Promise<boolean | undefined> {
+    const found = await Promise.all(hashes.map((hash) => client.getTransaction({ hash }).then(() => true, (e: unknown) => (e instanceof TransactionNotFoundError ? false : undefined))));
+    if (found.includes(true)) return true;
+    return found.includes(undefined) ? undefined : false;
   }
 
   /** eth_sendRawTransactionSync where the endpoint serves it: the receipt on record, or false to send the plain way. */
@@ -322,9 +329,15 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       const outcome = classifySendError(e);
       // "Nonce too low" or "replacement underpriced" for a transaction the node already has (anvil
       // answers a repeated send with the latter) means it is on its way or mined: as good as sent.
-      if (outcome === "already_known" || ((outcome === "nonce_too_low" || outcome === "replacement_underpriced") && (await knownToNode(row.hashes ?? [row.hash])))) {
+      const known = outcome === "nonce_too_low" || outcome === "replacement_underpriced" ? await knownToNode(row.hashes ?? [row.hash]) : false;
+      if (outcome === "already_known" || known) {
         await opts.store.markBroadcast(row.id);
         return "sent";
+      }
+      // Whose transaction holds the nonce is not known: nothing is concluded (the row is sent again later).
+      if (known === undefined) {
+        await opts.store.noteRejection(row.id, "unreachable", broadcastErrorLine(e));
+        return "unreachable";
       }
       await opts.store.noteRejection(row.id, outcome, broadcastErrorLine(e));
       if (!RETRY_LATER.has(outcome)) opts.metrics?.broadcastRejected.inc({ network, reason: outcome });

@@ -2,7 +2,7 @@
 // the hash), with a configurable confirmation depth; and the shared poller every waiter of a
 // process goes through, so N callers waiting on one payment cost the RPC as much as one, and N
 // payments waiting on the next block cost a block read and N receipts.
-import type { Hex, TransactionReceipt } from "viem";
+import { TransactionReceiptNotFoundError, type Hex, type TransactionReceipt } from "viem";
 import type { ChainClient } from "../chain.ts";
 
 export interface MinedTransaction {
@@ -52,6 +52,16 @@ export async function findMined(chain: ChainClient, hashes: readonly Hex[], conf
     if (head === undefined || head - mined.receipt.blockNumber + 1n < BigInt(confirmations)) return undefined;
   }
   return mined;
+}
+
+/**
+ * Whether any of the hashes may be on chain: a receipt found (in any block), or a lookup the
+ * provider did not answer. False only when every lookup answered "not found": what a decision that
+ * our transaction was never mined (its nonce taken by another) must rest on.
+ */
+export async function maybeMined(chain: ChainClient, hashes: readonly Hex[]): Promise<boolean> {
+  const found = await Promise.all(hashes.map((hash) => chain.client.getTransactionReceipt({ hash }).then(() => true, (e: unknown) => !(e instanceof TransactionReceiptNotFoundError))));
+  return found.includes(true);
 }
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));

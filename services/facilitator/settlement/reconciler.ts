@@ -9,7 +9,7 @@ import type { Metrics } from "../../platform/metrics.ts";
 import type { ChainClient } from "../chain.ts";
 import { TransactionReceiptNotFoundError } from "viem";
 import type { MarketFees, OutboxSigner, SendOutcome } from "./outbox-signer.ts";
-import { findMined } from "./receipts.ts";
+import { findMined, maybeMined } from "./receipts.ts";
 import { NONCE_FILLER_PAYMENT, type OutboxRow, type SettlementStore } from "./store.ts";
 
 export interface ReconcilerOptions {
@@ -243,7 +243,8 @@ export function startReconciler(opts: ReconcilerOptions) {
         const seen = nonceTakenAt.get(tx.id);
         if (seen === undefined) nonceTakenAt.set(tx.id, head);
         if (seen === undefined || head < seen + BigInt(opts.confirmations) + NONCE_TAKEN_GRACE_BLOCKS) return;
-        if (await findMined(chain, tx.hashes, 1)) return; // mined after all: the next pass records it
+        // Mined after all (the next pass records it), or not known (a lookup the provider failed): nothing concluded.
+        if (await maybeMined(chain, tx.hashes)) return;
         nonceTakenAt.delete(tx.id);
         await store.markDropped(tx.id, "nonce used outside the fleet", outcome);
         await store.advanceNonce(tx.signer, await chain.client.getTransactionCount({ address: tx.signer, blockTag: "pending" }));

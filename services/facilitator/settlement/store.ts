@@ -640,6 +640,7 @@ export const ABANDONED_CLAIM_GRACE_MS = 60_000;
 
 export function createSettlementStore(db: Database, network: string, hooks: SettlementStoreHooks = {}) {
   const countedKeys = new Set<string>();
+  const nonceReads = new Map<string, Promise<boolean>>();
   const inTurn = createKeyedQueue();
   // Keys whose chain nonce is being read to seed their counter.
   const seeding = new Map<string, Promise<number>>();
@@ -994,7 +995,15 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     /** Whether the key has a nonce counter; a counter is never deleted, so a key seen once is not asked again. */
     async hasNonce(signer: string): Promise<boolean> {
       if (countedKeys.has(signer)) return true;
-      const found = (await db.query(`SELECT 1 FROM settlement_nonces WHERE network = $1 AND signer = $2`, [network, signer])).length > 0;
+      // One read for the requests that ask meanwhile (a fresh key's first burst asks a thousand times at once).
+      let read = nonceReads.get(signer);
+      if (!read) {
+        const started = db.query(`SELECT 1 FROM settlement_nonces WHERE network = $1 AND signer = $2`, [network, signer]).then((rows) => rows.length > 0);
+        nonceReads.set(signer, (read = started));
+        const done = () => nonceReads.get(signer) === started && nonceReads.delete(signer);
+        started.then(done, done);
+      }
+      const found = await read;
       if (found) countedKeys.add(signer);
       return found;
     },
