@@ -219,7 +219,7 @@ describe("request logs", () => {
     const parsed = lines.map((l) => JSON.parse(l) as { reqId?: string; msg: string; step?: string });
     const ok = parsed.filter((l) => l.reqId === parsed[0]!.reqId);
     expect(ok.map((l) => l.msg)).toEqual(["inner step", "request completed"]); // one access line per request
-    expect(parsed[1]).toMatchObject({ req: { method: "GET", url: "/ok" }, res: { statusCode: 200 } });
+    expect(parsed[1]).toMatchObject({ req: { method: "GET", url: "/ok", remoteAddress: "127.0.0.1" }, res: { statusCode: 200 } });
     expect(ok[0]!.step).toBe("inner");
     const boom = parsed.filter((l) => l.reqId !== parsed[0]!.reqId);
     expect(new Set(boom.map((l) => l.reqId)).size).toBe(1);

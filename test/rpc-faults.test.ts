@@ -162,6 +162,26 @@ describe("a simulation the provider could not judge is no verdict (issue 32, 7a)
     expect(after.nonce - before.nonce).toBe(1); // one transaction: nothing sent again
   });
 
+  it("the same, with a lagging node answering 'not found' for our mined transaction: not taken for another's nonce (executed once, answered success)", async () => {
+    const facilitator = await rig.facilitator({ rpcUrls: [proxy.url] });
+    const before = await onChain();
+    proxy.configure({ schedule: { eth_sendRawTransaction: ["drop", "ok", "ok", "ok"], eth_getTransactionByHash: ["null_result"] } });
+    const body = standardShape(spec(), await signEip3009(spec()));
+    const r = await postJson(`${facilitator.url}/settle`, body);
+    await proxy.idle(500);
+    expect(proxy.injectedByMethod.eth_getTransactionByHash?.null_result).toBeGreaterThan(0);
+    proxy.configure({});
+    let answer = r.json as { success?: boolean; errorReason?: string };
+    for (let i = 0; i < 40 && !answer.success && (r.status !== 200 || answer.errorReason === "settlement_pending"); i++) {
+      await new Promise((resolve) => setTimeout(resolve, 250));
+      answer = (await postJson(`${facilitator.url}/settle`, body)).json as typeof answer;
+    }
+    expect(answer).toMatchObject({ success: true });
+    const after = await onChain();
+    expect(after.received - before.received).toBe(1000n);
+    expect(after.nonce - before.nonce).toBe(1);
+  });
+
   it("a provider without eth_call (method not found): 503, not eip3009_not_supported", async () => {
     const facilitator = await rig.facilitator({ rpcUrls: [proxy.url] });
     const before = await onChain();

@@ -197,6 +197,8 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
     body: string;
     /** Set once a batch it was in failed as a whole: its later attempts go alone, not with the same neighbours again. */
     alone?: boolean;
+    /** How many times it was posted (alone or in a batch), retries and other endpoints included. */
+    posts?: number;
   }
 
   /** A failed round trip as viem's transport raises it, for one call (an error names its own call only, never a batch's others). */
@@ -227,6 +229,7 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
   /** One call in its own round trip. */
   async function once(endpoint: Endpoint, call: Call): Promise<unknown> {
     let res: Awaited<ReturnType<Endpoint["post"]>>;
+    call.posts = (call.posts ?? 0) + 1;
     try {
       res = await post(endpoint, call.body, call.request.method);
     } catch (e) {
@@ -265,6 +268,7 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
     };
     async function sendBatch(batch: Entry[]) {
       let res: Awaited<ReturnType<Endpoint["post"]>>;
+      for (const b of batch) b.call.posts = (b.call.posts ?? 0) + 1;
       try {
         // Its span is a trace of its own, linked to each request's: it belongs to none of them alone.
         res = await post(endpoint, `[${batch.map((b) => b.call.body).join(",")}]`, "batch", { links: batch.flatMap((b) => (b.span ? [b.span] : [])), calls: batch.map((b) => b.call.request.method) });
@@ -361,6 +365,9 @@ export function createChainClient(opts: ChainClientOptions): ChainClient {
       if (!isRpcUnavailable(error)) break;
     }
     noteRpcFailure(error, watch, method);
+    // The answer is to a repeat: an earlier post may have reached a node (a send's "nonce too low" may
+    // then be about itself: outbox-signer.ts).
+    if ((call.posts ?? 0) > 1 && typeof error === "object" && error !== null) (error as { repeatedCall?: boolean }).repeatedCall = true;
     throw error;
   }
   return { chain, client, rpc, endpoints: endpoints.map((e) => e.name) };

@@ -17,7 +17,7 @@ export const FAULT_KINDS = ["http_429", "http_429_retry_after", "http_500", "htt
  * Drawn at random: FAULT_KINDS; by schedule only: also a node that does not know the method, and a
  * provider that refuses it in its own words (not -32601).
  */
-export type FaultKind = (typeof FAULT_KINDS)[number] | "method_not_found" | "method_disallowed";
+export type FaultKind = (typeof FAULT_KINDS)[number] | "method_not_found" | "method_disallowed" | "null_result";
 
 export interface FaultPlan {
   /** Probability (0..1) that an eligible request is faulted. */
@@ -80,7 +80,7 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
   const random = prng(seed);
   let plan: FaultPlan = opts.plan ?? {};
   const holdMs = opts.holdMs ?? 5000;
-  const injected = Object.fromEntries([...FAULT_KINDS, "method_not_found", "method_disallowed"].map((k) => [k, 0])) as Record<FaultKind, number>;
+  const injected = Object.fromEntries([...FAULT_KINDS, "method_not_found", "method_disallowed", "null_result"].map((k) => [k, 0])) as Record<FaultKind, number>;
   const injectedByMethod: Record<string, Partial<Record<FaultKind, number>>> = {};
   const calls: Record<string, number> = {};
   const requests = { total: 0, batches: 0 };
@@ -175,6 +175,9 @@ export async function startRpcFaultProxy(opts: { upstream: string; seed?: number
       case "http_502":
       case "http_503":
         return send(res, Number(fault.slice(5)), "<html><body>upstream error</body></html>", { "content-type": "text/html" });
+      case "null_result":
+        // A node that does not have it (a lagging replica behind a balancer): `null` for the call, as for an unknown hash.
+        return send(res, 200, JSON.stringify(batch ? list.map((c) => ({ jsonrpc: "2.0", id: c.id ?? null, result: null })) : { jsonrpc: "2.0", id: list[0]?.id ?? null, result: null }));
       case "method_not_found":
         // A node that does not know the method (JSON-RPC -32601), e.g. an optional extension.
         return send(res, 200, JSON.stringify(batch ? list.map((c) => ({ jsonrpc: "2.0", id: c.id ?? null, error: { code: -32601, message: "Method not found" } })) : { jsonrpc: "2.0", id: list[0]?.id ?? null, error: { code: -32601, message: "Method not found" } }));

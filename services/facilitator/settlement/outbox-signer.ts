@@ -149,6 +149,12 @@ function rpcErrorCode(e: unknown): number | undefined {
 }
 
 
+/** Whether an error (anywhere in its cause chain) answers a call that was posted more than once (chain.ts rpc). */
+function repeatedCall(e: unknown): boolean {
+  for (let c = e as { repeatedCall?: boolean; cause?: unknown } | undefined, i = 0; c && i < 8; c = c.cause as typeof c, i++) if (c.repeatedCall) return true;
+  return false;
+}
+
 /** Outcomes that say nothing about the transaction: the node was not reached. */
 const RETRY_LATER = new Set<SendOutcome>(["unreachable"]);
 
@@ -329,13 +335,17 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       const outcome = classifySendError(e);
       // "Nonce too low" or "replacement underpriced" for a transaction the node already has (anvil
       // answers a repeated send with the latter) means it is on its way or mined: as good as sent.
-      const known = outcome === "nonce_too_low" || outcome === "replacement_underpriced" ? await knownToNode(row.hashes ?? [row.hash]) : false;
+      const nonceUsed = outcome === "nonce_too_low" || outcome === "replacement_underpriced";
+      const known = nonceUsed ? await knownToNode(row.hashes ?? [row.hash]) : false;
       if (outcome === "already_known" || known) {
         await opts.store.markBroadcast(row.id);
         return "sent";
       }
-      // Whose transaction holds the nonce is not known: nothing is concluded (the row is sent again later).
-      if (known === undefined) {
+      // Whose transaction holds the nonce is not known: nothing is concluded (the row is sent again
+      // later, and the reconciler gives the nonce up only once blocks passed with no receipt of ours).
+      // Not known either when this answer came to a repeat of the send: the first may have reached a
+      // node and been mined, and a lagging node can answer "not found" for it.
+      if (known === undefined || (nonceUsed && repeatedCall(e))) {
         await opts.store.noteRejection(row.id, "unreachable", broadcastErrorLine(e));
         return "unreachable";
       }
