@@ -138,38 +138,22 @@ describe("a simulation the provider could not judge is no verdict (issue 32, 7a)
     expect((await onChain()).received).toBe(before.received + 1000n);
   });
 
-  it("a send whose answer is lost and whose retry hears 'nonce too low', while lookups by hash fail: never sent again on another nonce (executed once, answered success)", async () => {
+  /**
+   * The node executes the send (automine) but its answer is lost; the retry is told the nonce is
+   * used; every lookup of our hash answers `lookup` (fails, or `null` as a lagging node would).
+   * Taking that for "not ours" would send the same transfer again on the next nonce: executed twice,
+   * the second reverting, the payment told failed. Whatever the first answer (success, or pending),
+   * the payment settles once: paid once, one transaction.
+   */
+  async function settlesOnceAfterLostSend(lookup: "http_503" | "null_result") {
     const facilitator = await rig.facilitator({ rpcUrls: [proxy.url] });
     const before = await onChain();
-    // The node executes the send (automine) but its answer is lost; the retry is told the nonce is
-    // used; every lookup of our hash fails. Taking the failed lookup for "not ours" would send the
-    // same transfer again on the next nonce: executed twice, the second reverting, the payment told failed.
-    proxy.configure({ schedule: { eth_sendRawTransaction: ["drop", "ok", "ok", "ok"], eth_getTransactionByHash: ["http_503"] } });
+    proxy.configure({ schedule: { eth_sendRawTransaction: ["drop", "ok", "ok", "ok"], eth_getTransactionByHash: [lookup] } });
     const body = standardShape(spec(), await signEip3009(spec()));
     const r = await postJson(`${facilitator.url}/settle`, body);
     await proxy.idle(500);
     expect(proxy.injectedByMethod.eth_sendRawTransaction?.drop).toBeGreaterThan(0);
-    proxy.configure({});
-    // Whatever the first answer (success, or pending while the lookups failed), the payment settles once.
-    let answer = r.json as { success?: boolean; errorReason?: string };
-    for (let i = 0; i < 40 && !answer.success && (r.status !== 200 || answer.errorReason === "settlement_pending"); i++) {
-      await new Promise((resolve) => setTimeout(resolve, 250));
-      answer = (await postJson(`${facilitator.url}/settle`, body)).json as typeof answer;
-    }
-    expect(answer).toMatchObject({ success: true });
-    const after = await onChain();
-    expect(after.received - before.received).toBe(1000n); // paid once
-    expect(after.nonce - before.nonce).toBe(1); // one transaction: nothing sent again
-  });
-
-  it("the same, with a lagging node answering 'not found' for our mined transaction: not taken for another's nonce (executed once, answered success)", async () => {
-    const facilitator = await rig.facilitator({ rpcUrls: [proxy.url] });
-    const before = await onChain();
-    proxy.configure({ schedule: { eth_sendRawTransaction: ["drop", "ok", "ok", "ok"], eth_getTransactionByHash: ["null_result"] } });
-    const body = standardShape(spec(), await signEip3009(spec()));
-    const r = await postJson(`${facilitator.url}/settle`, body);
-    await proxy.idle(500);
-    expect(proxy.injectedByMethod.eth_getTransactionByHash?.null_result).toBeGreaterThan(0);
+    expect(proxy.injectedByMethod.eth_getTransactionByHash?.[lookup]).toBeGreaterThan(0);
     proxy.configure({});
     let answer = r.json as { success?: boolean; errorReason?: string };
     for (let i = 0; i < 40 && !answer.success && (r.status !== 200 || answer.errorReason === "settlement_pending"); i++) {
@@ -180,7 +164,11 @@ describe("a simulation the provider could not judge is no verdict (issue 32, 7a)
     const after = await onChain();
     expect(after.received - before.received).toBe(1000n);
     expect(after.nonce - before.nonce).toBe(1);
-  });
+  }
+
+  it("a send whose answer is lost and whose retry hears 'nonce too low', while lookups by hash fail: never sent again on another nonce (executed once, answered success)", () => settlesOnceAfterLostSend("http_503"));
+
+  it("the same, with a lagging node answering 'not found' for our mined transaction: not taken for another's nonce (executed once, answered success)", () => settlesOnceAfterLostSend("null_result"));
 
   it("a provider without eth_call (method not found): 503, not eip3009_not_supported", async () => {
     const facilitator = await rig.facilitator({ rpcUrls: [proxy.url] });
