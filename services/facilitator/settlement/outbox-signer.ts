@@ -679,7 +679,7 @@ export function createOutboxSigner(opts: OutboxSignerOptions): OutboxSigner {
       // Shared by the requests that asked meanwhile: a failure counts against each of them (chain.ts
       // watchRpc), so each answers "the RPC did not answer", never a verdict.
       return entry.code.catch((e: unknown) => {
-        noteRpcFailure(e);
+        noteRpcFailure(e, undefined, "eth_getCode"); // by method: a required method "not found" is no answer either
         throw e;
       });
     },
