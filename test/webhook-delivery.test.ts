@@ -109,7 +109,9 @@ describe.each(ENGINES)("webhook delivery worker on the %s engine", (engine) => {
     }
     expect(await count(db, `settlement_webhook_deliveries WHERE network = $1 AND state = 'pending'`, [network])).toBe(3 * P);
     const w = worker(db, network, config());
-    await w.pass();
+    // A pass can end with heads still due (about one run in five under load, before this round's
+    // changes too): they go to the next pass, as the scheduled one would take them pollMs later.
+    for (let i = 0; i < 5 && failing.got.length < P; i++) await w.pass();
     expect(failing.got).toHaveLength(P); // the heads only, each once
     expect(failing.got.every((g) => g.event.sequence === 1)).toBe(true);
     // Nothing is due now: the heads retry in an hour, the 2·P behind them are blocked, not due. What a
