@@ -1,0 +1,24 @@
+// platform/coalesce.ts: calls of a turn share one run, each gets its own result; calls on one key
+// never share a run; a failed run is retried call by call, so one bad call fails alone.
+import { expect, it } from "vitest";
+import { coalesce } from "../services/platform/coalesce.ts";
+
+it("calls of one turn share a run, in order, each with its own result; one key never twice in a run", async () => {
+  const runs: string[][] = [];
+  const echo = coalesce(async (items: string[]) => (runs.push(items), items.map((i) => i.toUpperCase())), { key: (i) => i });
+  expect(await Promise.all(["a", "b", "a", "c"].map((i) => echo(i)))).toEqual(["A", "B", "A", "C"]);
+  expect(runs).toEqual([["a", "b"], ["a", "c"]]);
+});
+
+it("a run that fails is retried call by call: only the bad call fails", async () => {
+  const runs: number[][] = [];
+  const check = coalesce(async (items: number[]) => {
+    runs.push(items);
+    if (items.includes(13)) throw new Error("bad item");
+    return items.map((i) => i * 2);
+  });
+  const results = await Promise.allSettled([1, 13, 3].map((i) => check(i)));
+  expect(results.map((r) => (r.status === "fulfilled" ? r.value : "failed"))).toEqual([2, "failed", 6]);
+  expect(runs[0]).toEqual([1, 13, 3]);
+  expect(runs.slice(1).sort()).toEqual([[1], [13], [3]].sort());
+});
