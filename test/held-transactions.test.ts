@@ -99,6 +99,46 @@ describe.each(ENGINES)("a transaction the node holds without executing it (%s st
   });
 });
 
+describe("a transaction the node holds without executing it, where the node counts its pool", () => {
+  it("is replaced at once: no block, no wait", async () => {
+    rig = await startRig();
+    const url = rig.anvil.rpcUrl;
+    const f = await rig.facilitator({ receiptTimeoutMs: 1000, replaceAfterMs: 3_600_000, policy: { sendRawTransactionSync: false } });
+    const signer = f.signers[0] as Address;
+    expect((await postJson(`${f.url}/settle`, await rig.payment(100n))).json).toMatchObject({ success: true });
+    // Mining paused: the next settlement waits in the pool, ready, and the node's pending nonce
+    // counts it (2, one mined): a pass sees the node count its pool.
+    await rig.test.setAutomine(false);
+    expect((await postJson(`${f.url}/settle`, await rig.payment(200n))).json).toMatchObject({ success: false, errorReason: "settlement_pending" });
+    expect(await nonceOf(url, signer, "pending")).toBe(2);
+    await f.reconciler.pass();
+    await rig.test.mine({ blocks: 1 });
+    expect(await nonceOf(url, signer)).toBe(2);
+    // The node loses track of the key while the next settlement's transaction (nonce 2) comes in:
+    // queued behind a gap that then closes without promoting it.
+    await rpc(url, "anvil_setNonce", [signer, "0x1"]);
+    const body = await rig.payment(300n);
+    const first = (await postJson(`${f.url}/settle`, body)).json;
+    expect(first).toMatchObject({ success: false, errorReason: "settlement_pending" });
+    const held = first.transaction as Hex;
+    await rpc(url, "anvil_setNonce", [signer, "0x2"]);
+    expect(await rpc<{ pending: Hex; queued: Hex }>(url, "txpool_status")).toEqual({ pending: "0x0", queued: "0x1" });
+    const head = await publicClient(url).getBlockNumber();
+    // No block comes: within a few passes (HELD_WAIT_MS is 20 s) a replacement is in the pool, ready.
+    await eventually(async () => ((await rpc<{ pending: Hex }>(url, "txpool_status")).pending === "0x1" ? true : undefined), 12, 500);
+    expect(await publicClient(url).getBlockNumber()).toBe(head);
+    await rig.test.mine({ blocks: 1 });
+    const settled = await eventually(async () => {
+      const answer = (await postJson(`${f.url}/settle`, body)).json;
+      return answer.success === true ? answer : undefined;
+    }, 20, 200);
+    expect(settled.transaction).not.toBe(held);
+    expect((await publicClient(url).getTransaction({ hash: settled.transaction as Hex })).nonce).toBe(2);
+    expect(await balanceOf(url, rig.usdc.address, rig.receiver)).toBe(600n);
+    expect(await nonceOf(url, signer)).toBe(3);
+  });
+});
+
 describe("a transaction the node holds without executing it, on a chain that mines on demand", () => {
   it("is replaced after HELD_WAIT_MS where no block comes at all", async () => {
     rig = await startRig();

@@ -46,6 +46,13 @@ export const NONCE_TAKEN_GRACE_BLOCKS = 3n;
 
 /** A transaction left to its receipt wait is checked to be in the node's pool once it is this old (seconds). */
 const AWAITED_CHECK_S = 5;
+/** A key's lowest open transaction is checked for being held once it is this old (seconds, per attempt). */
+const HELD_CHECK_S = 1;
+/**
+ * How long a sighting of the node counting pooled transactions in its pending nonce (pending above
+ * latest for a key) vouches for it: where it does, a held transaction is recognised at once.
+ */
+const POOL_COUNTED_MS = 600_000;
 
 /**
  * Blocks the head must move while a key's next transaction looks held before it is replaced: a
@@ -82,6 +89,8 @@ export function startReconciler(opts: ReconcilerOptions) {
   const nonceTakenAt = new Map<string, bigint>();
   // Rows whose current attempt looks held by the node, with the head when first seen so.
   const heldSince = new Map<string, { hash: string; head: bigint; at: number }>();
+  // When the node was last seen counting pooled transactions in a key's pending nonce (see replaceHeld).
+  let poolCountedAt = -Infinity;
   let running: Promise<void> | undefined;
   let stopped = false;
   // Where this process is the store's only writer (the embedded engine), a pass that found nothing
@@ -101,6 +110,8 @@ export function startReconciler(opts: ReconcilerOptions) {
       const nonce = BigInt(tx.nonce);
       if (nonce < (view.lowest.get(tx.signer) ?? nonce + 1n)) view.lowest.set(tx.signer, nonce);
     }
+    // Every key with open transactions: read once a pass, it tells whether the node counts its pool.
+    const counted = [...view.lowest.keys()].map((address) => pendingNonce(view, address as `0x${string}`));
     let next = 0;
     const worker = async () => {
       for (let i = next++; i < rows.length; i = next++) {
@@ -112,7 +123,7 @@ export function startReconciler(opts: ReconcilerOptions) {
         }
       }
     };
-    await Promise.all(Array.from({ length: Math.min(PASS_CONCURRENCY, rows.length) }, worker));
+    await Promise.all([...counted, ...Array.from({ length: Math.min(PASS_CONCURRENCY, rows.length) }, worker)]);
     const watched = await watchDepth().catch((e) => {
       logger.warn({ err: (e as Error).name }, "could not check mined transactions for reorgs; will retry");
       return -1;
@@ -140,7 +151,15 @@ export function startReconciler(opts: ReconcilerOptions) {
   }
   const pendingNonce = (view: PassView, address: `0x${string}`) => {
     let p = view.pending.get(address);
-    if (!p) view.pending.set(address, (p = chain.client.getTransactionCount({ address, blockTag: "pending" }).then(BigInt, () => undefined)));
+    if (!p) {
+      const count = (blockTag: "pending" | "latest") => chain.client.getTransactionCount({ address, blockTag }).then(BigInt, () => undefined);
+      p = Promise.all([count("pending"), count("latest")]).then(([pending, latest]) => {
+        // Above the mined count: the node counts the transactions its pool holds ready (anvil, geth).
+        if (pending !== undefined && latest !== undefined && pending > latest) poolCountedAt = Date.now();
+        return pending;
+      });
+      view.pending.set(address, p);
+    }
     return p;
   };
 
@@ -165,7 +184,7 @@ export function startReconciler(opts: ReconcilerOptions) {
       // window at a time (a lagging node behind a balancer would otherwise get the whole backlog).
       // Where that read fails, or the node counts transactions queued behind a gap, the key's
       // lowest open transaction is looked up by hash.
-      if (tx.age_seconds < AWAITED_CHECK_S) return;
+      if (tx.age_seconds < (blocking ? HELD_CHECK_S : AWAITED_CHECK_S)) return;
       const pending = await pendingNonce(view, tx.signer);
       if (blocking && nonce === pending) {
         // The node does not count it, though it may hold it: see replaceHeld.
@@ -197,7 +216,7 @@ export function startReconciler(opts: ReconcilerOptions) {
     const known = await chain.client.getTransaction({ hash: tx.hash }).catch(() => undefined);
     // The node forgot it (restart, eviction, a reorg): send the same bytes again.
     if (!known) await handle(tx, await signer.send(tx));
-    else if (blocking && known.blockNumber === null && tx.age_seconds >= AWAITED_CHECK_S && nonce === (await pendingNonce(view, tx.signer))) await replaceHeld(tx);
+    else if (blocking && known.blockNumber === null && tx.age_seconds >= HELD_CHECK_S && nonce === (await pendingNonce(view, tx.signer))) await replaceHeld(tx);
   }
 
   /**
@@ -207,9 +226,18 @@ export function startReconciler(opts: ReconcilerOptions) {
    * lost track of the sender can too). The same bytes again are "already known" and change
    * nothing, and every later transaction of the key waits behind it: a replacement, which the node
    * takes in afresh, once the attempt has looked held for HELD_BLOCKS blocks or HELD_WAIT_MS
-   * (within the bump limit).
+   * (within the bump limit). Where the node was seen counting its pool in pending nonces, a pooled
+   * transaction at the pending nonce is held for sure (a ready one would be counted), and is
+   * replaced at once: anvil holds one so when a send lands while the block mining its predecessor
+   * is written, and in a burst every block it waits costs a whole block of the key's backlog.
    */
   async function replaceHeld(tx: OutboxRow): Promise<void> {
+    if (Date.now() - poolCountedAt < POOL_COUNTED_MS && tx.age_seconds >= HELD_CHECK_S * tx.hashes.length) {
+      heldSince.delete(tx.id);
+      if (!waitingAtLimit.has(tx.id)) logger.warn({ signer: tx.signer, nonce: tx.nonce, hash: tx.hash }, "the node holds the key's next transaction without executing it; replacing it");
+      await replace(tx, false);
+      return;
+    }
     if (tx.age_seconds < AWAITED_CHECK_S * tx.hashes.length) return;
     const head = await chain.client.getBlockNumber({ cacheTime: 0 }).catch(() => undefined);
     if (head === undefined) return;
