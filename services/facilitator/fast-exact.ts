@@ -8,10 +8,10 @@
 // (outbox-signer.ts takeSimulation).
 import { startAssetContractCheck, eip3009ABI } from "@x402/evm";
 import type { PaymentPayload, PaymentRequirements, VerifyResponse } from "@x402/core/types";
-import { getAddress, getTypesForEIP712Domain, hashDomain, isAddress, isErc6492Signature, toFunctionSelector, toHex, type Address, type Hex } from "viem";
+import { getAddress, isAddress, isErc6492Signature, toFunctionSelector, toHex, type Address, type Hex } from "viem";
 import { MULTICALL3_ADDRESS, chainIdOf } from "../x402/networks.ts";
 import { noteRpcFailure, type ChainClient, type RpcWatch } from "./chain.ts";
-import { keccak256 as keccakBytes } from "./crypto/keccak.ts";
+import { addressWord, authorizationDigest, uintWord } from "./crypto/eip712.ts";
 import { recoverSigner, signatureParts } from "./crypto/secp256k1.ts";
 import type { OutboxSigner } from "./settlement/outbox-signer.ts";
 
@@ -39,10 +39,7 @@ const ZERO: Address = "0x0000000000000000000000000000000000000000";
 // The payload's fields were checked at the edge (services/x402/payloads.ts: 20-byte addresses,
 // uint256 decimals, a 32-byte nonce), so the EIP-712 struct and the calldata are plain words put
 // side by side: one keccak for the struct instead of viem's generic encoder and its type hashing.
-const TRANSFER_TYPEHASH = keccakBytes(Buffer.from("TransferWithAuthorization(address from,address to,uint256 value,uint256 validAfter,uint256 validBefore,bytes32 nonce)")).slice(2);
 const TRANSFER_SELECTOR = toFunctionSelector("transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,uint8,bytes32,bytes32)");
-const addressWord = (a: string) => `000000000000000000000000${a.slice(2).toLowerCase()}`;
-const uintWord = (v: string | bigint) => BigInt(v).toString(16).padStart(64, "0");
 const sameAddress = (a: string, b: string) => a.toLowerCase() === b.toLowerCase();
 
 interface Eip3009Authorization {
@@ -56,19 +53,6 @@ interface Eip3009Authorization {
 
 export function createFastExactVerifier(opts: { chain: ChainClient; signer: OutboxSigner }) {
   const { chain, signer } = opts;
-  // A token's EIP-712 domain separator never changes: hash it once (half of the typed-data cost).
-  const domainSeparators = new Map<string, Hex>();
-  function domainSeparator(domain: { name: string; version: string; chainId: number; verifyingContract: Address }): Hex {
-    const key = `${domain.name}\0${domain.version}\0${domain.chainId}\0${domain.verifyingContract}`;
-    let separator = domainSeparators.get(key);
-    if (!separator) {
-      separator = hashDomain({ domain, types: { EIP712Domain: getTypesForEIP712Domain({ domain }) } as Parameters<typeof hashDomain>[0]["types"] });
-      if (domainSeparators.size > 10_000) domainSeparators.clear();
-      domainSeparators.set(key, separator);
-    }
-    return separator;
-  }
-
   async function diagnose(asset: Address, auth: Eip3009Authorization, requirements: PaymentRequirements, payer: Address, watch: RpcWatch): Promise<VerifyResponse> {
     try {
       const [balance, name, version, used] = await chain.client.multicall({
@@ -123,9 +107,7 @@ export function createFastExactVerifier(opts: { chain: ChainClient; signer: Outb
       // A mixed-case address with a wrong EIP-55 checksum: the reference's typed-data hashing refuses it.
       if (!isAddress(auth.from) || !isAddress(auth.to)) throw new Error("invalid address checksum");
       fields = `${addressWord(auth.from)}${addressWord(auth.to)}${uintWord(auth.value)}${uintWord(auth.validAfter)}${uintWord(auth.validBefore)}${auth.nonce.slice(2).toLowerCase()}`;
-      // Bytes through Buffer's native hex decoding (viem's hexToBytes is a loop in JavaScript).
-      const struct = keccakBytes(Buffer.from(`${TRANSFER_TYPEHASH}${fields}`, "hex"));
-      digest = keccakBytes(Buffer.from(`1901${domainSeparator({ name, version, chainId: chainIdOf(requirements.network), verifyingContract: asset }).slice(2)}${struct.slice(2)}`, "hex"));
+      digest = authorizationDigest({ name, version, chainId: chainIdOf(requirements.network), verifyingContract: asset }, fields);
     } catch {
       return { isValid: false, invalidReason: R.signature, payer };
     }

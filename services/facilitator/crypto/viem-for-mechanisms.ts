@@ -10,7 +10,6 @@ export {
   encodeAbiParameters,
   encodeFunctionData,
   getAddress,
-  hashTypedData,
   hexToBigInt,
   http,
   isAddress,
@@ -29,3 +28,4 @@ export {
   zeroAddress,
 } from "viem";
 export { recoverAddress, recoverTypedDataAddress } from "./secp256k1.ts";
+export { hashTypedData } from "./eip712.ts";

@@ -1,0 +1,87 @@
+// The native EIP-3009 typed-data hash the mechanisms' settle goes through: viem's digest for every
+// authorization, viem's own answer (or error) for anything off the exact shape, and a payer's real
+// signature still recovers to the payer through it.
+import { randomBytes } from "node:crypto";
+import { describe, expect, it } from "vitest";
+import { getAddress, hashTypedData as viemHashTypedData, recoverTypedDataAddress, toHex, type Hex, type TypedDataDefinition } from "viem";
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
+import { hashTypedData } from "../services/facilitator/crypto/eip712.ts";
+
+const fields = [
+  { name: "from", type: "address" },
+  { name: "to", type: "address" },
+  { name: "value", type: "uint256" },
+  { name: "validAfter", type: "uint256" },
+  { name: "validBefore", type: "uint256" },
+  { name: "nonce", type: "bytes32" },
+];
+const address = () => getAddress(toHex(randomBytes(20)));
+const uint = () => [0n, 1n, 2n ** 256n - 1n, BigInt(toHex(randomBytes(1 + (randomBytes(1)[0]! % 32))))][randomBytes(1)[0]! % 4]!;
+const NAMES = ["USD Coin", "USDC", "", "Ünïcødé 币 🪙", "a".repeat(300)];
+
+function authorization(primaryType = "TransferWithAuthorization"): TypedDataDefinition {
+  return {
+    domain: { name: NAMES[randomBytes(1)[0]! % NAMES.length]!, version: ["1", "2", ""][randomBytes(1)[0]! % 3]!, chainId: [8453, 84532, 56, 1n, 2n ** 64n][randomBytes(1)[0]! % 5]!, verifyingContract: address() },
+    types: { [primaryType]: fields },
+    primaryType,
+    message: { from: address(), to: address(), value: uint(), validAfter: uint(), validBefore: uint(), nonce: toHex(randomBytes(32)) },
+  } as TypedDataDefinition;
+}
+
+/** viem's answer: its digest, or the name of the error it throws. */
+const answer = (hash: (a: TypedDataDefinition) => Hex, args: TypedDataDefinition) => {
+  try {
+    return hash(args);
+  } catch (e) {
+    return (e as Error).name;
+  }
+};
+
+describe("hashTypedData (native for EIP-3009 authorizations)", () => {
+  it("gives viem's digest for Transfer- and ReceiveWithAuthorization, whatever the domain and values", () => {
+    for (let i = 0; i < 400; i++) {
+      const args = authorization(i % 2 ? "ReceiveWithAuthorization" : "TransferWithAuthorization");
+      expect(hashTypedData(args)).toBe(viemHashTypedData(args));
+    }
+  });
+
+  it("gives viem's answer, digest or error, for everything off the exact shape", () => {
+    const variants: ((a: Record<string, any>) => void)[] = [
+      (a) => (a.message.from = a.message.from.toLowerCase()), // unchecksummed: valid
+      (a) => (a.message.to = `0x${a.message.to.slice(2, 41)}${a.message.to[41] === "a" ? "A" : "a"}`), // bad checksum
+      (a) => (a.message.value = 2n ** 256n), // out of range
+      (a) => (a.message.value = -1n),
+      (a) => (a.message.value = 5), // a number
+      (a) => (a.message.nonce = `0x${"ab".repeat(31)}`), // 31 bytes
+      (a) => (a.message.nonce = a.message.nonce.toUpperCase().replace("0X", "0x")),
+      (a) => (a.message.extra = 1n), // viem ignores what its types do not name
+      (a) => delete a.message.nonce,
+      (a) => (a.domain.salt = toHex(randomBytes(32))),
+      (a) => delete a.domain.version,
+      (a) => (a.domain.chainId = -1),
+      (a) => (a.domain.chainId = 1.5),
+      (a) => (a.domain.verifyingContract = "0x1234"),
+      (a) => (a.types.EIP712Domain = [{ name: "name", type: "string" }]),
+      (a) => (a.types.TransferWithAuthorization = [...fields].reverse()),
+      (a) => (a.types.TransferWithAuthorization = fields.map((f) => (f.name === "value" ? { ...f, type: "uint128" } : f))),
+      (a) => (a.primaryType = "Permit"),
+    ];
+    for (const change of variants) {
+      for (let i = 0; i < 10; i++) {
+        const args = authorization() as Record<string, any>;
+        change(args);
+        expect(answer(hashTypedData, args as TypedDataDefinition), change.toString()).toBe(answer(viemHashTypedData, args as TypedDataDefinition));
+      }
+    }
+  });
+
+  it("a payer's signature over the authorization recovers to the payer from the native digest", async () => {
+    const payer = privateKeyToAccount(generatePrivateKey());
+    const args = authorization() as TypedDataDefinition & { message: Record<string, unknown> };
+    args.message.from = payer.address;
+    const signature = await payer.signTypedData(args as Parameters<typeof payer.signTypedData>[0]);
+    expect(await recoverTypedDataAddress({ ...args, signature } as Parameters<typeof recoverTypedDataAddress>[0])).toBe(payer.address);
+    const { recoverAddress } = await import("viem");
+    expect(await recoverAddress({ hash: hashTypedData(args), signature })).toBe(payer.address);
+  });
+});
