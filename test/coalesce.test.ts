@@ -22,3 +22,29 @@ it("a run that fails is retried call by call: only the bad call fails", async ()
   expect(runs[0]).toEqual([1, 13, 3]);
   expect(runs.slice(1).sort()).toEqual([[1], [13], [3]].sort());
 });
+
+it("with its lanes busy, calls of later turns wait and go together in the next run, in order", async () => {
+  const runs: number[][] = [];
+  let open!: () => void;
+  const gate = new Promise<void>((r) => (open = r));
+  const write = coalesce(
+    async (items: number[]) => {
+      runs.push(items);
+      if (runs.length === 1) await gate; // the first run holds the only lane
+      return items.map((i) => -i);
+    },
+    { lanes: 1 },
+  );
+  const first = write(1);
+  await new Promise((r) => setImmediate(r));
+  // Three more turns, one call each, while the lane is held: one run for them, not three.
+  const later: Promise<number>[] = [];
+  for (const i of [2, 3, 4]) {
+    later.push(write(i));
+    await new Promise((r) => setImmediate(r));
+  }
+  expect(runs).toEqual([[1]]);
+  open();
+  expect(await Promise.all([first, ...later])).toEqual([-1, -2, -3, -4]);
+  expect(runs).toEqual([[1], [2, 3, 4]]);
+});

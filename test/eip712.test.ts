@@ -25,7 +25,7 @@ function authorization(primaryType = "TransferWithAuthorization"): TypedDataDefi
     types: { [primaryType]: fields },
     primaryType,
     message: { from: address(), to: address(), value: uint(), validAfter: uint(), validBefore: uint(), nonce: toHex(randomBytes(32)) },
-  } as TypedDataDefinition;
+  } as unknown as TypedDataDefinition;
 }
 
 /** viem's answer: its digest, or the name of the error it throws. */

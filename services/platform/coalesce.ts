@@ -10,6 +10,12 @@ export interface CoalesceOptions<I> {
   key?: (item: I) => string;
   /** Calls per statement at most. */
   max?: number;
+  /**
+   * Statements of this kind in flight at most; the calls that come meanwhile wait for one to end
+   * and go together. A process busy with a burst reaches a statement with a request or two a turn,
+   * so without it a turn's batch is smallest exactly when the database is busiest.
+   */
+  lanes?: number;
 }
 
 /** `run` gets the calls of a turn and answers with one result per call, in order. */
@@ -18,27 +24,41 @@ export function coalesce<I, R>(run: (items: I[]) => Promise<R[]>, opts: Coalesce
   type Batch = { items: I[]; keys: Set<string>; waiters: { resolve: (r: R) => void; reject: (e: unknown) => void }[] };
   let current: Batch | undefined;
   const settle = (b: Batch, results: R[]) => b.waiters.forEach((w, i) => w.resolve(results[i]!));
-  const flush = (b: Batch) => {
-    if (current === b) current = undefined;
-    run(b.items).then(
-      (results) => settle(b, results),
-      (e: unknown) => {
-        if (b.items.length === 1) return b.waiters[0]!.reject(e);
-        b.items.forEach((item, i) =>
-          run([item]).then(
-            ([r]) => b.waiters[i]!.resolve(r!),
-            (err: unknown) => b.waiters[i]!.reject(err),
-          ),
-        );
-      },
-    );
+  const lanes = opts.lanes ?? Infinity;
+  let inFlight = 0;
+  // Batches made and not yet run, oldest first (the last may still be `current`, open to more calls).
+  const waiting: Batch[] = [];
+  const pump = () => {
+    while (inFlight < lanes && waiting.length > 0) {
+      const b = waiting.shift()!;
+      if (current === b) current = undefined;
+      inFlight++;
+      run(b.items)
+        .then(
+          (results) => settle(b, results),
+          (e: unknown) => {
+            if (b.items.length === 1) return b.waiters[0]!.reject(e);
+            b.items.forEach((item, i) =>
+              run([item]).then(
+                ([r]) => b.waiters[i]!.resolve(r!),
+                (err: unknown) => b.waiters[i]!.reject(err),
+              ),
+            );
+          },
+        )
+        .finally(() => {
+          inFlight--;
+          pump();
+        });
+    }
   };
   return (item) =>
     new Promise<R>((resolve, reject) => {
       const key = opts.key?.(item);
       if (!current || (key !== undefined && current.keys.has(key)) || current.items.length >= max) {
-        const b: Batch = (current = { items: [], keys: new Set(), waiters: [] });
-        setImmediate(() => flush(b));
+        // Run at the end of the turn, or, with every lane busy, once one frees (calls join it meanwhile).
+        waiting.push((current = { items: [], keys: new Set(), waiters: [] }));
+        setImmediate(pump);
       }
       current.items.push(item);
       if (key !== undefined) current.keys.add(key);

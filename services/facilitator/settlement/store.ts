@@ -568,6 +568,8 @@ interface MinedFacts {
   revert_reason: string | null;
   revert_message: string | null;
 }
+/** Statements of one kind (claims, reads, records) a process runs at once; the calls that come meanwhile go in the next. */
+const STATEMENT_LANES = 2;
 const MINED_FACTS = `(${DECISIVE}) AS decisive, o.reorged_at IS NOT NULL AS reorged, o.revert_reason, o.revert_message`;
 
 /** Where a receipt was mined, so a reorg that removes it can be noticed. */
@@ -695,7 +697,8 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     }
   }
   // The statements of every settlement, each made once per turn of the event loop for all the
-  // settlements that need it then (platform/coalesce.ts).
+  // settlements that need it then, or, while STATEMENT_LANES of a kind are running, for all that
+  // come meanwhile (platform/coalesce.ts).
   const claimTogether = coalesce(
     async (items: { paymentId: string; values: unknown[] }[]) => {
       const column = (i: number) => items.map((c) => c.values[i]);
@@ -711,7 +714,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       const claimed = new Set(won.map((r) => r.payment_id));
       return items.map((c) => claimed.has(c.paymentId));
     },
-    { key: (c) => c.paymentId },
+    { key: (c) => c.paymentId, lanes: STATEMENT_LANES },
   );
   const paymentsTogether = coalesce(async (ids: string[]) => {
     const rows = await db.query<PaymentRow>(
@@ -721,13 +724,13 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     );
     const byId = new Map(rows.map((r) => [r.payment_id, r]));
     return ids.map((id) => byId.get(id));
-  });
+  }, { lanes: STATEMENT_LANES });
   const outboxTogether = coalesce(async (paymentIds: string[]) => {
     const rows = await db.query<OutboxRow>(`SELECT ${OUTBOX_COLUMNS} FROM settlement_outbox WHERE network = $1 AND payment_id = ANY($2::text[]) ORDER BY id`, [network, paymentIds]);
     const byPayment = new Map<string, OutboxRow[]>();
     for (const r of rows) byPayment.set(r.payment_id, [...(byPayment.get(r.payment_id) ?? []), r]);
     return paymentIds.map((id) => byPayment.get(id) ?? []);
-  });
+  }, { lanes: STATEMENT_LANES });
   const recordTogether = coalesce(
     async (items: { paymentId: string; response: SettleResponse; owner?: string }[]) => {
       const rows = await db.query<{ payment_id: string; response: SettleResponse }>(
@@ -740,7 +743,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       const byId = new Map(rows.map((r) => [r.payment_id, r.response]));
       return items.map((i) => byId.get(i.paymentId));
     },
-    { key: (i) => i.paymentId },
+    { key: (i) => i.paymentId, lanes: STATEMENT_LANES },
   );
   const broadcastTogether = coalesce(
     async (items: { id: string; error?: string }[]) => {
@@ -751,7 +754,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       );
       return items.map(() => undefined);
     },
-    { key: (i) => i.id },
+    { key: (i) => i.id, lanes: STATEMENT_LANES },
   );
   const minedTogether = coalesce(
     async (items: { id: string; values: unknown[] }[]) => {
@@ -766,7 +769,16 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       const byId = new Map(rows.map((r) => [r.id, r]));
       return items.map((m) => byId.get(m.id));
     },
-    { key: (m) => m.id },
+    { key: (m) => m.id, lanes: STATEMENT_LANES },
+  );
+  // What a transaction's mining says of its payment, read where another caller marked it mined first.
+  const factsTogether = coalesce(
+    async (ids: string[]) => {
+      const rows = await db.query<MinedFacts & { id: string }>(`SELECT o.id::text AS id, ${MINED_FACTS} FROM settlement_outbox o WHERE o.id = ANY($1::bigint[])`, [ids]);
+      const byId = new Map(rows.map((r) => [r.id, r]));
+      return ids.map((id) => byId.get(id));
+    },
+    { lanes: STATEMENT_LANES },
   );
 
   const allocationBatches = new Map<string, QueuedAllocation[]>();
@@ -1039,7 +1051,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     async recordMined(paymentId: string, txId: string, minedHash: string, success: boolean, gasWei?: bigint, minedAt?: MinedAt): Promise<void> {
       const mined = await this.markMined(txId, minedHash, success, gasWei, minedAt);
       // Marked by another process first: read what it stored (it may have stopped before recording the payment).
-      const tx = mined.row ?? (await db.query<MinedFacts>(`SELECT ${MINED_FACTS} FROM settlement_outbox o WHERE id = $1`, [txId]))[0];
+      const tx = mined.row ?? (await factsTogether(txId));
       if (!tx?.decisive) return;
       const payment = await this.payment(paymentId);
       if (!payment) return;
