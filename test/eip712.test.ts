@@ -5,7 +5,7 @@ import { randomBytes } from "node:crypto";
 import { describe, expect, it } from "vitest";
 import { getAddress, hashTypedData as viemHashTypedData, recoverTypedDataAddress, toHex, type Hex, type TypedDataDefinition } from "viem";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
-import { hashTypedData } from "../services/facilitator/crypto/eip712.ts";
+import { authorizationDigest, hashTypedData } from "../services/facilitator/crypto/eip712.ts";
 
 const fields = [
   { name: "from", type: "address" },
@@ -86,5 +86,23 @@ describe("hashTypedData (native for EIP-3009 authorizations)", () => {
     expect(await recoverTypedDataAddress({ ...args, signature } as Parameters<typeof recoverTypedDataAddress>[0])).toBe(payer.address);
     const { recoverAddress } = await import("viem");
     expect(await recoverAddress({ hash: hashTypedData(args), signature })).toBe(payer.address);
+  });
+});
+
+describe("the domain separator cache", () => {
+  it("refuses a domain of anything but strings, and one such request leaves the token's digest intact", () => {
+    const args = authorization() as unknown as Loose;
+    const domain = args.domain as { name: string; version: string; chainId: number; verifyingContract: `0x${string}` };
+    // ["2"] prints as "2": under a naive key it would stand for the token's real domain.
+    expect(() => authorizationDigest({ ...domain, version: [domain.version] as unknown as string }, "00".repeat(192))).toThrow(TypeError);
+    expect(hashTypedData(args as unknown as TypedDataDefinition)).toBe(viemHashTypedData(args as unknown as TypedDataDefinition));
+  });
+
+  it("keeps domains apart whose fields only join alike", () => {
+    for (const [name, version] of [["a\0b", "c"], ["a", "b\0c"], ["a\u0000", "b"], ["a", "\u0000b"]]) {
+      const args = authorization() as unknown as Loose;
+      Object.assign(args.domain, { name, version, chainId: 8453, verifyingContract: "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913" });
+      expect(hashTypedData(args as unknown as TypedDataDefinition)).toBe(viemHashTypedData(args as unknown as TypedDataDefinition));
+    }
   });
 });

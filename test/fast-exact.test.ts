@@ -123,6 +123,17 @@ describe("fast EIP-3009 verification", () => {
     expect(await fastVerify(payload, requirements)).toBeUndefined();
   });
 
+  it("leaves a domain of anything but strings to the reference, and it never changes a later payment's verdict", async () => {
+    const valid = await signEip3009(spec());
+    const shaped = standardShape(spec(), valid);
+    const { version } = shaped.paymentRequirements.extra as { version: string };
+    // ["2"] reads like "2" but hashes as the byte 0x02: once it poisoned the token's cached domain.
+    const odd = request({ ...shaped, paymentRequirements: { ...shaped.paymentRequirements, extra: { ...shaped.paymentRequirements.extra, version: [version] } } });
+    expect(await fastVerify(odd.payload, odd.requirements)).toBeUndefined();
+    const { payload, requirements } = request(shaped);
+    expect(await fastVerify(payload, requirements)).toMatchObject({ isValid: true });
+  });
+
   it("needs at most one RPC round trip per verify once the payer is classified", async () => {
     const bodies = await Promise.all(Array.from({ length: 20 }, () => signEip3009(spec()).then((p) => request(standardShape(spec(), p)))));
     await fastVerify(bodies[0]!.payload, bodies[0]!.requirements); // warms the payer's classification

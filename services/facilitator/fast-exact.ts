@@ -89,8 +89,10 @@ export function createFastExactVerifier(opts: { chain: ChainClient; signer: Outb
     const { authorization: auth, signature } = payload.payload as { signature: Hex; authorization: Eip3009Authorization };
     const payer = auth.from;
     if (payload.accepted.scheme !== "exact" || requirements.scheme !== "exact") return { isValid: false, invalidReason: R.scheme, payer };
-    const { name, version } = requirements.extra as { name?: string; version?: string };
+    const { name, version } = requirements.extra as { name?: unknown; version?: unknown };
     if (!name || !version) return { isValid: false, invalidReason: R.missingDomain, payer };
+    // A domain of anything but strings is the reference's to judge (viem hashes other values as other bytes).
+    if (typeof name !== "string" || typeof version !== "string") return undefined;
     if (payload.accepted.network !== requirements.network) return { isValid: false, invalidReason: R.network, payer };
     const asset = getAddress(requirements.asset);
     const assetCheck = startAssetContractCheck({ getCode: async () => context.assetCode } as unknown as OutboxSigner, requirements.network, requirements.asset);

@@ -34,7 +34,10 @@ const separators = new Map<string, string>();
 
 /** The domain separator of a token's {name, version, chainId, verifyingContract} domain (hex, no 0x). */
 export function domainSeparator(domain: Eip712Domain): string {
-  const key = `${domain.name}\0${domain.version}\0${domain.chainId}\0${domain.verifyingContract.toLowerCase()}`;
+  // Strings only: anything else would hash as other bytes under a key that reads like the token's
+  // own (a payload's `extra` is the caller's JSON), and the cache serves every later payment.
+  if (typeof domain.name !== "string" || typeof domain.version !== "string") throw new TypeError("EIP-712 domain name and version must be strings");
+  const key = JSON.stringify([domain.name, domain.version, String(domain.chainId), domain.verifyingContract.toLowerCase()]);
   let separator = separators.get(key);
   if (separator === undefined) {
     const name = keccak256(Buffer.from(domain.name, "utf8")).slice(2);
