@@ -52,7 +52,7 @@ const HELD_CHECK_S = 1;
  * How long a sighting of the node counting pooled transactions in its pending nonce (pending above
  * latest for a key) vouches for it: where it does, a held transaction is recognised at once.
  */
-const POOL_COUNTED_MS = 600_000;
+const POOL_COUNTED_MS = 60_000;
 
 /**
  * Blocks the head must move while a key's next transaction looks held before it is replaced: a
@@ -229,10 +229,15 @@ export function startReconciler(opts: ReconcilerOptions) {
    * (within the bump limit). Where the node was seen counting its pool in pending nonces, a pooled
    * transaction at the pending nonce is held for sure (a ready one would be counted), and is
    * replaced at once: anvil holds one so when a send lands while the block mining its predecessor
-   * is written, and in a burst every block it waits costs a whole block of the key's backlog.
+   * is written, and in a burst every block it waits costs a whole block of the key's backlog. Only
+   * a first attempt goes so, and only if the node's pending nonce, read again now that it is known
+   * to hold the transaction, still leaves it out (the pass's read may predate its arrival): a
+   * balancer whose nodes disagree costs at most one bump a transaction, then the blocks decide.
    */
   async function replaceHeld(tx: OutboxRow): Promise<void> {
-    if (Date.now() - poolCountedAt < POOL_COUNTED_MS && tx.age_seconds >= HELD_CHECK_S * tx.hashes.length) {
+    if (Date.now() - poolCountedAt < POOL_COUNTED_MS && tx.hashes.length === 1 && tx.age_seconds >= HELD_CHECK_S) {
+      const pending = await chain.client.getTransactionCount({ address: tx.signer, blockTag: "pending" }).then(BigInt, () => undefined);
+      if (pending !== BigInt(tx.nonce)) return;
       heldSince.delete(tx.id);
       if (!waitingAtLimit.has(tx.id)) logger.warn({ signer: tx.signer, nonce: tx.nonce, hash: tx.hash }, "the node holds the key's next transaction without executing it; replacing it");
       await replace(tx, false);
