@@ -48,3 +48,21 @@ it("with its lanes busy, calls of later turns wait and go together in the next r
   expect(await Promise.all([first, ...later])).toEqual([-1, -2, -3, -4]);
   expect(runs).toEqual([[1], [2, 3, 4]]);
 });
+
+it("a run that hangs gives its lane back: the calls behind it go on, its own keep waiting", async () => {
+  const runs: string[][] = [];
+  const read = coalesce(
+    async (items: string[]) => {
+      runs.push(items);
+      if (items.includes("stuck")) await new Promise(() => undefined); // a lock held elsewhere, for ever
+      return items;
+    },
+    { lanes: 1, laneHeldMs: 50 },
+  );
+  let stuckAnswered = false;
+  void read("stuck").then(() => (stuckAnswered = true));
+  await new Promise((r) => setImmediate(r));
+  expect(await read("next")).toBe("next");
+  expect(runs).toEqual([["stuck"], ["next"]]);
+  expect(stuckAnswered).toBe(false);
+});

@@ -16,6 +16,8 @@ export interface CoalesceOptions<I> {
    * so without it a turn's batch is smallest exactly when the database is busiest.
    */
   lanes?: number;
+  /** How long a run may hold its lane before the batches behind it go without it (5 s). */
+  laneHeldMs?: number;
 }
 
 /** `run` gets the calls of a turn and answers with one result per call, in order. */
@@ -28,28 +30,39 @@ export function coalesce<I, R>(run: (items: I[]) => Promise<R[]>, opts: Coalesce
   let inFlight = 0;
   // Batches made and not yet run, oldest first (the last may still be `current`, open to more calls).
   const waiting: Batch[] = [];
+  /** One batch: its run, or its calls one by one (in the same lane) when the run failed. */
+  async function runBatch(b: Batch): Promise<void> {
+    try {
+      settle(b, await run(b.items));
+    } catch (e) {
+      if (b.items.length === 1) return b.waiters[0]!.reject(e);
+      for (const [i, item] of b.items.entries()) {
+        try {
+          b.waiters[i]!.resolve((await run([item]))[0]!);
+        } catch (err) {
+          b.waiters[i]!.reject(err);
+        }
+      }
+    }
+  }
   const pump = () => {
     while (inFlight < lanes && waiting.length > 0) {
       const b = waiting.shift()!;
       if (current === b) current = undefined;
       inFlight++;
-      run(b.items)
-        .then(
-          (results) => settle(b, results),
-          (e: unknown) => {
-            if (b.items.length === 1) return b.waiters[0]!.reject(e);
-            b.items.forEach((item, i) =>
-              run([item]).then(
-                ([r]) => b.waiters[i]!.resolve(r!),
-                (err: unknown) => b.waiters[i]!.reject(err),
-              ),
-            );
-          },
-        )
-        .finally(() => {
-          inFlight--;
-          pump();
-        });
+      // A run that hangs (a lock held elsewhere) gives its lane back after a while: its own calls
+      // wait on, the ones behind it do not.
+      let freed = false;
+      const free = () => {
+        if (freed) return;
+        freed = true;
+        clearTimeout(timer);
+        inFlight--;
+        pump();
+      };
+      const timer = setTimeout(free, opts.laneHeldMs ?? 5_000);
+      timer.unref();
+      void Promise.resolve().then(() => runBatch(b)).finally(free);
     }
   };
   return (item) =>
