@@ -2,19 +2,14 @@
 // authorization, viem's own answer (or error) for anything off the exact shape, and a payer's real
 // signature still recovers to the payer through it.
 import { randomBytes } from "node:crypto";
+import { authorizationTypes } from "@x402/evm";
 import { describe, expect, it } from "vitest";
 import { getAddress, hashTypedData as viemHashTypedData, recoverTypedDataAddress, toHex, type Hex, type TypedDataDefinition } from "viem";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { authorizationDigest, hashTypedData } from "../services/facilitator/crypto/eip712.ts";
 
-const fields = [
-  { name: "from", type: "address" },
-  { name: "to", type: "address" },
-  { name: "value", type: "uint256" },
-  { name: "validAfter", type: "uint256" },
-  { name: "validBefore", type: "uint256" },
-  { name: "nonce", type: "bytes32" },
-];
+// The mechanisms' own type list (what their settle hashes), copied so a test may bend it.
+const fields = authorizationTypes.TransferWithAuthorization.map((f) => ({ ...f }));
 const address = () => getAddress(toHex(randomBytes(20)));
 const uint = () => [0n, 1n, 2n ** 256n - 1n, BigInt(toHex(randomBytes(1 + (randomBytes(1)[0]! % 32))))][randomBytes(1)[0]! % 4]!;
 const NAMES = ["USD Coin", "USDC", "", "Ünïcødé 币 🪙", "a".repeat(300)];
