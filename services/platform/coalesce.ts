@@ -51,7 +51,7 @@ export function coalesce<I, R>(run: (items: I[]) => Promise<R[]>, opts: Coalesce
       if (current === b) current = undefined;
       inFlight++;
       // A run that hangs (a lock held elsewhere) gives its lane back after a while: its own calls
-      // wait on, the ones behind it do not.
+      // wait on, the ones behind it do not. (Without a lane limit there is nothing to give back.)
       let freed = false;
       const free = () => {
         if (freed) return;
@@ -60,8 +60,8 @@ export function coalesce<I, R>(run: (items: I[]) => Promise<R[]>, opts: Coalesce
         inFlight--;
         pump();
       };
-      const timer = setTimeout(free, opts.laneHeldMs ?? 5_000);
-      timer.unref();
+      const timer = lanes === Infinity ? undefined : setTimeout(free, opts.laneHeldMs ?? 5_000);
+      timer?.unref();
       void Promise.resolve().then(() => runBatch(b)).finally(free);
     }
   };

@@ -89,4 +89,3 @@ export function hashTypedData(args: TypedDataDefinition): Hex {
   }
   return viemHashTypedData(args);
 }
-
