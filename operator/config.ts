@@ -11,6 +11,37 @@ export interface OperatorOptions {
   facilitatorImage: string;
   host: string;
   adminPort: number;
+  /** The Lease's timings (leader election), from X402_LEASE_*_SECONDS. */
+  lease: LeaseTimings;
+}
+
+export interface LeaseTimings {
+  leaseDurationMs: number;
+  renewDeadlineMs: number;
+  retryPeriodMs: number;
+}
+
+/**
+ * X402_LEASE_DURATION_SECONDS, X402_LEASE_RENEW_DEADLINE_SECONDS, X402_LEASE_RETRY_PERIOD_SECONDS:
+ * kube-controller-manager's --leader-elect-* defaults (15, 10, 2). A slow API server (a loaded
+ * control plane) makes a leader miss its renew deadline and restart: wider timings ride it out,
+ * at the price of a longer failover. Checked as client-go checks them.
+ */
+export function leaseTimingsFrom(env: NodeJS.ProcessEnv): LeaseTimings {
+  const seconds = (name: string, fallback: number): number => {
+    const text = env[name];
+    if (text === undefined || text === "") return fallback;
+    const value = Number(text);
+    if (!/^\d+(\.\d+)?$/.test(text.trim()) || !(value > 0) || value > 3600) throw new FlagError(`${name}: ${JSON.stringify(text)} is not a number of seconds in (0, 3600]`);
+    return value;
+  };
+  const lease = seconds("X402_LEASE_DURATION_SECONDS", 15);
+  const renew = seconds("X402_LEASE_RENEW_DEADLINE_SECONDS", 10);
+  const retry = seconds("X402_LEASE_RETRY_PERIOD_SECONDS", 2);
+  if (renew >= lease) throw new FlagError(`X402_LEASE_RENEW_DEADLINE_SECONDS (${renew}) must be less than X402_LEASE_DURATION_SECONDS (${lease})`);
+  // client-go's rule: a renewal gets at least one jittered retry before its deadline.
+  if (renew <= retry * 1.2) throw new FlagError(`X402_LEASE_RENEW_DEADLINE_SECONDS (${renew}) must be more than 1.2 × X402_LEASE_RETRY_PERIOD_SECONDS (${retry})`);
+  return { leaseDurationMs: lease * 1000, renewDeadlineMs: renew * 1000, retryPeriodMs: retry * 1000 };
 }
 
 export function operatorOptionsFrom(flags: FlagValues<typeof FLAGS>, env: NodeJS.ProcessEnv): OperatorOptions {
@@ -23,6 +54,7 @@ export function operatorOptionsFrom(flags: FlagValues<typeof FLAGS>, env: NodeJS
     facilitatorImage,
     host: flags.host ?? env.HOST ?? "0.0.0.0",
     adminPort,
+    lease: leaseTimingsFrom(env),
   };
 }
 
@@ -34,6 +66,7 @@ export const operatorCli = serviceCommand({
   [--watch-namespace NS]   (env X402_WATCH_NAMESPACE; default: every namespace)
   --admin-port 9422 --host 0.0.0.0   (env ADMIN_PORT, HOST)
 env: X402_ROUTING_CONFIGMAP, X402_CLUSTER_DOMAIN, X402_LEADER_ELECTION=false, X402_LEASE_NAME, POD_NAME,
+  X402_LEASE_DURATION_SECONDS=15, X402_LEASE_RENEW_DEADLINE_SECONDS=10, X402_LEASE_RETRY_PERIOD_SECONDS=2,
   X402_OPERATOR_ALLOW_PRIVATE_RPC=true, KUBECONFIG (docs/operator.md)
 `,
   flags: FLAGS,

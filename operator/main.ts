@@ -25,7 +25,7 @@ export async function runOperatorCommand(options: OperatorOptions, env: NodeJS.P
   kubeConfig.loadFromDefault();
   const metrics = createMetrics("operator");
   const namespace = operatorNamespace(options.namespace, env);
-  const leaderElection = env.X402_LEADER_ELECTION === "false" ? false : { leaseName: env.X402_LEASE_NAME || undefined };
+  const leaderElection = env.X402_LEADER_ELECTION === "false" ? false : { leaseName: env.X402_LEASE_NAME || undefined, ...options.lease };
   const operator = await startOperator({
     kubeConfig,
     namespace,

@@ -283,6 +283,11 @@ describe("the operator", () => {
     expect(byName.X402_FACILITATOR_IMAGE!.value).toBe("x402-fleet:0.1.0");
     expect(byName.X402_LEASE_NAME!.value).toBe("fleet-x402-fleet-operator");
     expect(byName.X402_LEADER_ELECTION).toBeUndefined();
+    // the Lease's timings, kube's defaults unless set
+    expect([byName.X402_LEASE_DURATION_SECONDS!.value, byName.X402_LEASE_RENEW_DEADLINE_SECONDS!.value, byName.X402_LEASE_RETRY_PERIOD_SECONDS!.value]).toEqual(["15", "10", "2"]);
+    const widened = render({ values: { operator: { leaderElection: { leaseDurationSeconds: 60, renewDeadlineSeconds: 40, retryPeriodSeconds: 5 } } } });
+    const widenedEnv = Object.fromEntries((podSpec(one(widened, "Deployment", "fleet-x402-fleet-operator")).containers[0]!.env as { name: string; value?: string }[]).map((e) => [e.name, e.value]));
+    expect([widenedEnv.X402_LEASE_DURATION_SECONDS, widenedEnv.X402_LEASE_RENEW_DEADLINE_SECONDS, widenedEnv.X402_LEASE_RETRY_PERIOD_SECONDS]).toEqual(["60", "40", "5"]);
     expect(byName.ADMIN_PORT!.value).toBe("9422");
     expect(byName.X402_WATCH_NAMESPACE!.value).toBe(NS); // the release's namespace unless asked otherwise
     expect(byName.X402_OPERATOR_ALLOW_PRIVATE_RPC).toBeUndefined(); // public RPC only by default (SSRF)

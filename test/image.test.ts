@@ -97,7 +97,16 @@ if (availability.fail) {
       files: { [masterKeys]: "/var/run/secrets/x402/wallets/master-keys" },
     }));
     const operatorFiles: Record<string, string> = {};
-    const operatorEnv: Record<string, string> = { POD_NAME: "operator-0", POD_NAMESPACE: "x402-system", X402_FACILITATOR_IMAGE: image };
+    // Wide Lease timings: the control plane shares this machine with the whole suite, and a renewal
+    // it answers late would restart the operator (seen once; the chart's defaults are kube's 15/10/2 s).
+    const operatorEnv: Record<string, string> = {
+      POD_NAME: "operator-0",
+      POD_NAMESPACE: "x402-system",
+      X402_FACILITATOR_IMAGE: image,
+      X402_LEASE_DURATION_SECONDS: "60",
+      X402_LEASE_RENEW_DEADLINE_SECONDS: "45",
+      X402_LEASE_RETRY_PERIOD_SECONDS: "5",
+    };
     if (cp) {
       await cp.applyFile(join(process.cwd(), "crds", "facilitatornetworks.x402fleet.io.yaml"));
       await cp.request("/api/v1/namespaces", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ metadata: { name: "x402-system" } }) });
