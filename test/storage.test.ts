@@ -56,6 +56,45 @@ describe.each([
     expect(await db.query(`SELECT * FROM ${table}`)).toEqual([]);
     await db.close();
   });
+
+  it("a transaction whose failed statement was caught inside is not reported committed: it throws, and nothing of it stays", async () => {
+    const table = `t_caught_${kind}_${process.pid}`;
+    const { open } = await prepare(table);
+    const db = await open();
+    await expect(
+      db.transaction(async (tx) => {
+        await tx.query(`INSERT INTO ${table} (id, n) VALUES ('c', 1)`);
+        await tx.query(`INSERT INTO ${table} (id, n) VALUES ('c', 2)`).catch(() => undefined); // swallowed: the transaction is aborted all the same
+        return "done";
+      }),
+    ).rejects.toThrow(/rolled back/);
+    expect(await db.query(`SELECT * FROM ${table}`)).toEqual([]);
+    await db.close();
+  });
+
+  it("the same statement many times, with every kind of value the stores send and read: the same rows each time, errors with their SQLSTATE, and the engine serving after them", async () => {
+    const table = `t_values_${kind}_${process.pid}`;
+    const { open } = await prepare(table);
+    const db = await open();
+    await db.query(`CREATE TABLE ${table}_v (id text PRIMARY KEY, big numeric(78,0), at timestamptz, doc jsonb, flag boolean, count bigint, tags text[])`);
+    const insert = `INSERT INTO ${table}_v (id, big, at, doc, flag, count, tags) SELECT u.id, u.big::numeric, now(), u.doc::jsonb, u.flag, u.count, ARRAY[u.id, 'x,"y\\z'] FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[], $5::bigint[]) AS u(id, big, doc, flag, count) RETURNING id`;
+    const max = ((1n << 256n) - 1n).toString();
+    for (let i = 0; i < 12; i++) {
+      // past the fifth execution PostgreSQL may switch to a generic plan: results must not change
+      const rows = await db.query<{ id: string }>(insert, [[`k${i}`, `k${i}b`], [max, "0"], [JSON.stringify({ i, s: "é\u0000".slice(0, 1) }), "null"], [true, false], [String(2n ** 62n), "-1"]]);
+      expect(rows.map((r) => r.id)).toEqual([`k${i}`, `k${i}b`]);
+    }
+    const [row] = await db.query<{ big: string; at: Date; doc: unknown; flag: boolean; count: string; tags: string[] }>(`SELECT big::text AS big, at, doc, flag, count::text AS count, tags FROM ${table}_v WHERE id = $1`, ["k11"]);
+    expect(row).toMatchObject({ big: max, doc: { i: 11, s: "é" }, flag: true, count: String(2n ** 62n), tags: ["k11", 'x,"y\\z'] });
+    expect(row!.at).toBeInstanceOf(Date);
+    expect(await db.query(`SELECT count(*)::int AS n FROM ${table}_v WHERE id = ANY($1::text[]) AND flag IS NOT DISTINCT FROM $2`, [["k0", "k0b", "nope"], null])).toEqual([{ n: 0 }]);
+    const duplicate = await db.query(insert, [["k0"], ["1"], ["{}"], [true], ["1"]]).catch((e: unknown) => e as { code?: string });
+    expect(duplicate).toMatchObject({ code: "23505" });
+    const syntax = await db.query(`SELEC nothing`).catch((e: unknown) => e as { code?: string });
+    expect(syntax).toMatchObject({ code: "42601" });
+    expect(await db.query(`SELECT count(*)::int AS n FROM ${table}_v`)).toEqual([{ n: 24 }]);
+    await db.close();
+  });
 });
 
 describe("describeDatabase", () => {
