@@ -311,6 +311,41 @@ describe("settlement coordinator: transactions that prepare a payment", () => {
   });
 });
 
+describe("storing transactions: one turn for every key", () => {
+  it("transactions of several keys that queue while a store turn runs are stored in the next one together, each key numbered from its own counter", async () => {
+    let transactions = 0;
+    const counted: Database = { ...db, query: (sql, params) => db.query(sql, params), transaction: (fn) => (transactions++, db.transaction(fn)) };
+    const store = createSettlementStore(counted, "eip155:31337");
+    const [a, b, c] = ["0x00000000000000000000000000000000000000B1", "0x00000000000000000000000000000000000000B2", "0x00000000000000000000000000000000000000B3"] as const;
+    const entry = (signer: string, paymentId: string) => ({ paymentId, signer, to: requirements.asset as `0x${string}`, data: "0x" as const, gas: 21_000n, maxFeePerGas: 1n, maxPriorityFeePerGas: 1n });
+    let hash = 0;
+    const sign = async () => ({ raw: "0x01" as const, hash: `0x${(++hash).toString(16).padStart(64, "b")}` as const });
+    // Every key's counter made first (a fresh key reads the store before it queues): a at 5 after this, b at 8, c at 1.
+    await Promise.all([store.allocateAndStore(entry(a, "turn-a0"), async () => 4, sign), store.allocateAndStore(entry(b, "turn-b0"), async () => 7, sign), store.allocateAndStore(entry(c, "turn-c0"), async () => 0, sign)]);
+    transactions = 0;
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    const first = store.allocateAndStore(entry(a, "turn-a1"), async () => 0, async () => (await held, sign()));
+    await eventually(async () => (transactions === 1 ? true : undefined), 50, 100); // the first turn is running
+    const queued = [
+      store.allocateAndStore(entry(b, "turn-b1"), async () => 0, sign),
+      store.allocateAndStore(entry(a, "turn-a2"), async () => 0, sign),
+      store.allocateAndStore(entry(c, "turn-c1"), async () => 0, sign),
+      store.allocateAndStore(entry(c, "turn-c2"), async () => 0, async () => { throw new Error("signer down"); }),
+      store.allocateAndStore(entry(b, "turn-b2"), async () => 0, sign),
+      store.allocateAndStore(entry(c, "turn-c3"), async () => 0, sign),
+    ].map((p) => p.then((row) => `${row.signer}:${row.nonce}`, (e: Error) => e.message));
+    await new Promise((r) => setTimeout(r, 200)); // every one of them queued behind the held turn
+    release();
+    expect((await first).nonce).toBe("5");
+    // each key numbered on from its own counter; a failed signing's nonce goes to that key's next
+    expect(await Promise.all(queued)).toEqual([`${b}:8`, `${a}:6`, `${c}:1`, "signer down", `${b}:9`, `${c}:2`]);
+    expect(transactions).toBe(2); // one turn per key would be four
+    const counters = await db.query<{ signer: string; next: string }>(`SELECT signer, next_nonce::text AS next FROM settlement_nonces WHERE network = 'eip155:31337' ORDER BY signer`);
+    expect(counters).toEqual([{ signer: a, next: "7" }, { signer: b, next: "10" }, { signer: c, next: "3" }]);
+  });
+});
+
 describe("the settlement record: claimed → sent → succeeded | failed", () => {
   const signer = "0x00000000000000000000000000000000000000A3" as const;
   const entry = (paymentId: string, claimOwner: string, kind?: string) =>

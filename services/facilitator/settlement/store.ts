@@ -606,7 +606,7 @@ interface QueuedAllocation {
   reject: (e: unknown) => void;
 }
 
-/** Transactions of one key stored in one SQL transaction at most (its signing holds the key's counter). */
+/** Transactions stored in one SQL transaction at most (its signing holds the keys' counters). */
 const MAX_STORED_TOGETHER = 200;
 
 interface QueuedReservation {
@@ -787,21 +787,34 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
     { lanes: STATEMENT_LANES },
   );
 
-  const allocationBatches = new Map<string, QueuedAllocation[]>();
-  async function storeTogether(signer: string, queued: QueuedAllocation[]): Promise<void> {
+  // Transactions queued for storing, of every key: one store turn at a time per process takes them all.
+  let allocationBatch: QueuedAllocation[] | undefined;
+  async function storeTogether(queued: QueuedAllocation[]): Promise<void> {
     try {
       const outcomes = await db.transaction(async (tx) => {
-        const seed = queued.find((q) => q.seed !== undefined)?.seed;
-        if (seed !== undefined) await tx.query(`INSERT INTO settlement_nonces (network, signer, next_nonce) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, [network, signer, seed]);
-        // The key's counter under a row lock, and the fence with it: sign only while a run still
-        // holds its payment's claim (its row locked too, so a take-over waits, and one that won
-        // first leaves no row here). The payment's own transaction makes it `sent` (the trigger of
-        // migration 007: never taken over, never released, never executed again); a funding or a
-        // deployment keeps it `claimed` with its lease: until the payment's own transaction exists,
-        // a crashed run's claim may be taken over (the preparation is found done, not repeated). A
-        // run re-sending on another nonce finds its payment `sent`.
-        const [counter] = await tx.query<{ next_nonce: string }>(`SELECT next_nonce::text AS next_nonce FROM settlement_nonces WHERE network = $1 AND signer = $2 FOR UPDATE`, [network, signer]);
-        if (!counter) throw new Error(`no nonce counter for ${signer}`);
+        const seeds = new Map<string, number>();
+        for (const q of queued) if (q.seed !== undefined) seeds.set(q.entry.signer, q.seed);
+        if (seeds.size > 0) {
+          await tx.query(`INSERT INTO settlement_nonces (network, signer, next_nonce) SELECT $1, s.signer, s.next_nonce FROM unnest($2::text[], $3::bigint[]) AS s(signer, next_nonce) ON CONFLICT DO NOTHING`, [
+            network,
+            [...seeds.keys()],
+            [...seeds.values()],
+          ]);
+        }
+        // The keys' counters under row locks, taken in one order by every process (no deadlock), and
+        // the fence with them: sign only while a run still holds its payment's claim (its row locked
+        // too, so a take-over waits, and one that won first leaves no row here). The payment's own
+        // transaction makes it `sent` (the trigger of migration 007: never taken over, never
+        // released, never executed again); a funding or a deployment keeps it `claimed` with its
+        // lease: until the payment's own transaction exists, a crashed run's claim may be taken over
+        // (the preparation is found done, not repeated). A run re-sending on another nonce finds its payment `sent`.
+        const signers = [...new Set(queued.map((q) => q.entry.signer))];
+        const counters = await tx.query<{ signer: string; next_nonce: string }>(
+          `SELECT signer, next_nonce::text AS next_nonce FROM settlement_nonces WHERE network = $1 AND signer = ANY($2::text[]) ORDER BY signer FOR UPDATE`,
+          [network, signers],
+        );
+        const next = new Map(counters.map((c) => [c.signer, BigInt(c.next_nonce)]));
+        for (const signer of signers) if (!next.has(signer)) throw new Error(`no nonce counter for ${signer}`);
         const fenced = queued.filter((q) => q.entry.claimOwner);
         const held = new Set<string>();
         if (fenced.length > 0) {
@@ -812,36 +825,40 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
           );
           for (const r of rows) held.add(`${r.payment_id}\0${r.owner}`);
         }
-        let nonce = BigInt(counter.next_nonce);
         const outcomes = new Map<QueuedAllocation, { signed?: SignedTransaction; nonce?: bigint; error?: unknown; row?: OutboxRow }>();
         for (const q of queued) {
           if (q.entry.claimOwner && !held.has(`${q.entry.paymentId}\0${q.entry.claimOwner}`)) {
             outcomes.set(q, { error: new ClaimLostError(`the claim on this payment passed to another request; nothing was signed`) });
             continue;
           }
+          const nonce = next.get(q.entry.signer)!;
           try {
             outcomes.set(q, { signed: await q.sign(nonce), nonce });
-            nonce++;
+            next.set(q.entry.signer, nonce + 1n);
           } catch (error) {
-            outcomes.set(q, { error }); // its nonce goes to the next transaction
+            outcomes.set(q, { error }); // its nonce goes to the key's next transaction
           }
         }
         const signed = queued.filter((q) => outcomes.get(q)!.signed);
         if (signed.length === 0) return outcomes;
         const column = <T>(f: (q: QueuedAllocation) => T) => signed.map(f);
+        const moved = [...new Set(signed.map((q) => q.entry.signer))];
         const rows = await tx.query<OutboxRow>(
-          `WITH counter AS (UPDATE settlement_nonces SET next_nonce = $3::bigint WHERE network = $1 AND signer = $2)
+          `WITH counter AS (
+             UPDATE settlement_nonces n SET next_nonce = c.next_nonce FROM unnest($2::text[], $3::bigint[]) AS c(signer, next_nonce) WHERE n.network = $1 AND n.signer = c.signer
+           )
            INSERT INTO settlement_outbox (network, payment_id, signer, nonce, to_address, data, gas, max_fee_per_gas, max_priority_fee_per_gas, raw_tx, hash, hashes, state, raw_txs, kind, value)
-           SELECT $1, u.payment_id, $2, u.nonce, u.to_address, u.data, u.gas, u.max_fee, u.max_tip, u.raw_tx, u.hash, ARRAY[u.hash], 'signed', ARRAY[u.raw_tx], u.kind, u.value
-           FROM unnest($4::text[], $5::bigint[], $6::text[], $7::text[], $8::numeric[], $9::numeric[], $10::numeric[], $11::text[], $12::text[], $13::text[], $14::numeric[])
-             WITH ORDINALITY AS u(payment_id, nonce, to_address, data, gas, max_fee, max_tip, raw_tx, hash, kind, value, ord)
+           SELECT $1, u.payment_id, u.signer, u.nonce, u.to_address, u.data, u.gas, u.max_fee, u.max_tip, u.raw_tx, u.hash, ARRAY[u.hash], 'signed', ARRAY[u.raw_tx], u.kind, u.value
+           FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::numeric[], $10::numeric[], $11::numeric[], $12::text[], $13::text[], $14::text[], $15::numeric[])
+             WITH ORDINALITY AS u(payment_id, signer, nonce, to_address, data, gas, max_fee, max_tip, raw_tx, hash, kind, value, ord)
            ORDER BY u.ord
            RETURNING ${OUTBOX_COLUMNS}`,
           [
             network,
-            signer,
-            nonce.toString(),
+            moved,
+            moved.map((signer) => next.get(signer)!.toString()),
             column((q) => q.entry.paymentId),
+            column((q) => q.entry.signer),
             column((q) => outcomes.get(q)!.nonce!.toString()),
             column((q) => q.entry.to),
             column((q) => q.entry.data),
@@ -863,6 +880,7 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
         const { row, error } = outcomes.get(q)!;
         if (row) {
           transactionsStored++;
+          countedKeys.add(q.entry.signer); // its counter exists now: no read before its next transaction
           q.resolve(row);
         } else q.reject(error ?? new Error("the transaction was not stored"));
       }
@@ -981,9 +999,9 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
      * Allocates the key's next nonce, signs with it and stores the transaction, in one
      * transaction: the row lock on the key's counter orders every sender of that key, in any
      * process. `initialNonce` seeds a key the store has not seen (its pending count on chain).
-     * Transactions of one key that queue in this process while its previous store is in progress
-     * are stored together, in arrival order, in one transaction (a group commit: a one-key burst is
-     * not a thousand transactions one after the other, each holding the counter).
+     * Transactions that queue in this process while its previous store is in progress, of every
+     * key, are stored together, in arrival order, in one transaction (a group commit: a burst is not
+     * a thousand transactions one after the other, each holding a counter, nor one chain of them per key).
      */
     async allocateAndStore(entry: NewOutboxEntry, initialNonce: () => Promise<number>, sign: (nonce: bigint) => Promise<SignedTransaction>): Promise<OutboxRow> {
       // A key's first transactions (a burst right after start) share one read of its chain nonce.
@@ -997,13 +1015,12 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
         seed = await read;
       }
       return new Promise<OutboxRow>((resolve, reject) => {
-        let batch = allocationBatches.get(entry.signer);
+        let batch = allocationBatch;
         if (!batch || batch.length >= MAX_STORED_TOGETHER) {
-          const queued: QueuedAllocation[] = (batch = []);
-          allocationBatches.set(entry.signer, queued);
-          inTurn(`nonce:${entry.signer}`, () => {
-            if (allocationBatches.get(entry.signer) === queued) allocationBatches.delete(entry.signer); // later arrivals make the next batch
-            return storeTogether(entry.signer, queued);
+          const queued: QueuedAllocation[] = (batch = allocationBatch = []);
+          inTurn("nonces", () => {
+            if (allocationBatch === queued) allocationBatch = undefined; // later arrivals make the next batch
+            return storeTogether(queued);
           }).catch(() => undefined); // each transaction hears its own outcome
         }
         batch.push({ entry, seed, sign, resolve, reject });
