@@ -317,7 +317,7 @@ describe("storing transactions: one turn for every key", () => {
     const counted: Database = { ...db, query: (sql, params) => db.query(sql, params), transaction: (fn) => (transactions++, db.transaction(fn)) };
     const store = createSettlementStore(counted, "eip155:31337");
     const [a, b, c] = ["0x00000000000000000000000000000000000000B1", "0x00000000000000000000000000000000000000B2", "0x00000000000000000000000000000000000000B3"] as const;
-    const entry = (signer: string, paymentId: string) => ({ paymentId, signer, to: requirements.asset as `0x${string}`, data: "0x" as const, gas: 21_000n, maxFeePerGas: 1n, maxPriorityFeePerGas: 1n });
+    const entry = (signer: `0x${string}`, paymentId: string) => ({ paymentId, signer, to: requirements.asset as `0x${string}`, data: "0x" as const, gas: 21_000n, maxFeePerGas: 1n, maxPriorityFeePerGas: 1n });
     let hash = 0;
     const sign = async () => ({ raw: "0x01" as const, hash: `0x${(++hash).toString(16).padStart(64, "b")}` as const });
     // Every key's counter made first (a fresh key reads the store before it queues): a at 5 after this, b at 8, c at 1.
@@ -592,5 +592,12 @@ describe("open outbox", () => {
       [old, "50000", "broadcast"],
       [fresh, "1", "broadcast"],
     ]);
+    // Listed without their bytes; the reconciler reads in full only the rows it acts on, while still open.
+    expect(listed.every((r) => !("raw_tx" in r) && !("raw_txs" in r) && !("data" in r) && r.hashes.length === 1)).toBe(true);
+    const full = await store.openTransaction(listed[0]!.id);
+    const raw = `0x${(50_001).toString(16)}`;
+    expect(full).toMatchObject({ id: listed[0]!.id, hash: listed[0]!.hash, raw_tx: raw, raw_txs: [raw], data: "0x" });
+    await store.markMined(listed[0]!.id, listed[0]!.hash, true);
+    expect(await store.openTransaction(listed[0]!.id)).toBeUndefined();
   });
 });

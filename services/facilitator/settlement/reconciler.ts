@@ -10,7 +10,7 @@ import type { ChainClient } from "../chain.ts";
 import { TransactionReceiptNotFoundError } from "viem";
 import type { MarketFees, OutboxSigner, SendOutcome } from "./outbox-signer.ts";
 import { findMined, maybeMined } from "./receipts.ts";
-import { NONCE_FILLER_PAYMENT, type OutboxRow, type SettlementStore } from "./store.ts";
+import { NONCE_FILLER_PAYMENT, type ListedOutboxRow, type OutboxRow, type SettlementStore } from "./store.ts";
 
 export interface ReconcilerOptions {
   store: SettlementStore;
@@ -163,7 +163,13 @@ export function startReconciler(opts: ReconcilerOptions) {
     return p;
   };
 
-  async function reconcile(tx: OutboxRow, view: PassView): Promise<void> {
+  async function reconcile(listed: ListedOutboxRow, view: PassView): Promise<void> {
+    // Most of a burst's rows: sent, young, and watched by their receipt wait (see below). Only the
+    // others are read in full (their bytes), as they are now.
+    const young = listed.age_seconds < (BigInt(listed.nonce) === view.lowest.get(listed.signer) ? HELD_CHECK_S : AWAITED_CHECK_S);
+    if (young && listed.state === "broadcast" && signer.awaited(listed.hash) && listed.age_seconds < replaceAfter * listed.hashes.length) return;
+    const tx = await store.openTransaction(listed.id);
+    if (!tx) return; // mined or dropped since it was listed
     const dueReplacement = tx.age_seconds >= replaceAfter * tx.hashes.length;
     const nonce = BigInt(tx.nonce);
     const blocking = nonce === view.lowest.get(tx.signer);

@@ -555,10 +555,13 @@ export interface NewOutboxEntry {
   kind?: string;
 }
 
-const OUTBOX_COLUMNS = `id::text AS id, payment_id, signer, nonce::text AS nonce, to_address, data, gas::text AS gas,
+/** An outbox row without its bytes (calldata and signed transactions): what the reconciler's pass lists. */
+export type ListedOutboxRow = Omit<OutboxRow, "data" | "raw_tx" | "raw_txs">;
+const LISTED_COLUMNS = `id::text AS id, payment_id, signer, nonce::text AS nonce, to_address, gas::text AS gas,
   max_fee_per_gas::text AS max_fee_per_gas, max_priority_fee_per_gas::text AS max_priority_fee_per_gas,
-  raw_tx, hash, hashes, state, attempts, mined_hash, EXTRACT(EPOCH FROM (now() - COALESCE(reorged_at, created_at)))::float8 AS age_seconds,
-  raw_txs, kind, reject_reason, mined_block_number::text AS mined_block_number, mined_block_hash, revert_reason, revert_message, value::text AS value, reorged_at IS NOT NULL AS reorged, reorged_at::text AS reorged_at, ${iso("created_at")}`;
+  hash, hashes, state, attempts, mined_hash, EXTRACT(EPOCH FROM (now() - COALESCE(reorged_at, created_at)))::float8 AS age_seconds,
+  kind, reject_reason, mined_block_number::text AS mined_block_number, mined_block_hash, revert_reason, revert_message, value::text AS value, reorged_at IS NOT NULL AS reorged, reorged_at::text AS reorged_at, ${iso("created_at")}`;
+const OUTBOX_COLUMNS = `${LISTED_COLUMNS}, data, raw_tx, raw_txs`;
 
 /** What recording a mined transaction needs of its outbox row. */
 interface MinedFacts {
@@ -780,6 +783,14 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
       return items.map((m) => byId.get(m.id));
     },
     { key: (m) => m.id, lanes: STATEMENT_LANES },
+  );
+  const openTogether = coalesce(
+    async (ids: string[]) => {
+      const rows = await db.query<OutboxRow>(`SELECT ${OUTBOX_COLUMNS} FROM settlement_outbox WHERE id = ANY($1::bigint[]) AND state IN ('signed', 'broadcast')`, [ids]);
+      const byId = new Map(rows.map((r) => [r.id, r]));
+      return ids.map((id) => byId.get(id));
+    },
+    { lanes: STATEMENT_LANES },
   );
   // What a transaction's mining says of its payment, read where another caller marked it mined first.
   const factsTogether = coalesce(
@@ -1355,15 +1366,19 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
      * key's unsent ones first, then by nonce, the keys taking turns, so one key's backlog never
      * hides another key's lowest nonces past the limit.
      */
-    async openOutbox(signers: readonly string[], limit = 500): Promise<OutboxRow[]> {
-      return db.query<OutboxRow>(
-        `SELECT ${OUTBOX_COLUMNS} FROM (
-           SELECT *, row_number() OVER (PARTITION BY signer ORDER BY state = 'broadcast', nonce) AS turn
+    async openOutbox(signers: readonly string[], limit = 500): Promise<ListedOutboxRow[]> {
+      // Listed without their bytes: a burst's pass lists hundreds a second and acts on few (openTransaction reads those).
+      return db.query<ListedOutboxRow>(
+        `SELECT ${LISTED_COLUMNS} FROM settlement_outbox JOIN (
+           SELECT id AS listed_id, row_number() OVER (PARTITION BY signer ORDER BY state = 'broadcast', nonce) AS turn
            FROM settlement_outbox WHERE network = $1 AND state IN ('signed', 'broadcast') AND signer = ANY($2)
-         ) o ORDER BY turn, id LIMIT $3`,
+         ) t ON id = t.listed_id ORDER BY t.turn, id LIMIT $3`,
         [network, signers, limit],
       );
     },
+
+    /** A listed transaction in full, if it is still open. */
+    openTransaction: (id: string): Promise<OutboxRow | undefined> => openTogether(id),
 
     /**
      * Outbox gauges. Open rows (few, on a partial index) on every call; settled rows (every row the
