@@ -4,6 +4,7 @@
 import { execFile } from "node:child_process";
 import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
+import { openEngineOnWorker } from "./embedded-engine.ts";
 
 export interface Queryable {
   query<T = Record<string, unknown>>(sql: string, params?: unknown[]): Promise<T[]>;
@@ -107,15 +108,14 @@ async function openEmbedded(dataDir?: string): Promise<Database> {
     // A new data directory is initialised by initdb, whose memory stays with the process that ran
     // it (~500 MB resident, ~100 MB even after closing): a short-lived child process does it.
     if (dataDir && !existsSync(join(dataDir, "PG_VERSION"))) await initialiseInChild(dataDir, startParams);
-    const db = await PGlite.create(dataDir ? { dataDir, startParams } : { startParams });
-    const { query, transaction } = await preparedStatements(db);
+    const engine = await openEngineOnWorker(dataDir ? { dataDir, startParams } : { startParams }, MAX_PREPARED);
     return {
       kind: "embedded",
-      query,
-      transaction,
+      query: engine.query,
+      transaction: engine.transaction,
       close: async () => {
         try {
-          await db.close();
+          await engine.close();
         } finally {
           await release();
         }
@@ -129,74 +129,9 @@ async function openEmbedded(dataDir?: string): Promise<Database> {
 
 const ABORTED = "the transaction was aborted by a failed statement and rolled back";
 
-type PGliteInstance = InstanceType<typeof import("@electric-sql/pglite").PGlite>;
-
 // Statements kept prepared per process: the store's SQL is a few dozen fixed texts; past this many
 // (SQL built with varying text) a statement is parsed each time, as PGlite's own query() does.
 const MAX_PREPARED = 500;
-
-/**
- * PGlite through named prepared statements. Its query() parses, describes and plans the SQL again on
- * every call, in six exchanges with the WebAssembly engine; here a statement is parsed and described
- * once, and each call is one exchange (bind, describe, execute, sync), planned for its values
- * (EMBEDDED_SETTINGS). Values are serialised by their parameter types and rows parsed with PGlite's own
- * serialisers and parsers, as its query() does; errors are its DatabaseError (with the SQLSTATE code).
- * Every call holds the engine's lock (runExclusive), a transaction for its whole length.
- */
-async function preparedStatements(db: PGliteInstance): Promise<Pick<Database, "query" | "transaction">> {
-  const { protocol, parse } = await import("@electric-sql/pglite");
-  const { serialize } = protocol;
-  const prepared = new Map<string, { name: string; types: number[] }>();
-  const join = (parts: Uint8Array[]): Uint8Array => {
-    const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
-    let at = 0;
-    for (const p of parts) {
-      out.set(p, at);
-      at += p.length;
-    }
-    return out;
-  };
-  async function statementOf(sql: string, syncToFs: boolean): Promise<{ name: string; types: number[] }> {
-    const known = prepared.get(sql);
-    if (known) return known;
-    // DDL (migrations) is run once and may change what a kept statement returns: never kept.
-    const keep = prepared.size < MAX_PREPARED && /^\s*(SELECT|INSERT|UPDATE|DELETE|WITH)\b/i.test(sql);
-    const name = keep ? `x402_${prepared.size}` : "";
-    const described = await db.execProtocol(join([serialize.parse({ name, text: sql }), serialize.describe({ type: "S", name }), serialize.sync()]), { syncToFs });
-    const statement = { name, types: parse.parseDescribeStatementResults(described.messages) };
-    if (keep) prepared.set(sql, statement);
-    return statement;
-  }
-  /** One statement; the caller holds the engine's lock. Inside a transaction the files are synced at its end. */
-  async function run<T>(sql: string, params: unknown[] | undefined, syncToFs: boolean): Promise<T[]> {
-    const { name, types } = await statementOf(sql, syncToFs);
-    const values = (params ?? []).map((v, i) => {
-      if (v === null || v === undefined) return null;
-      const serializer = db.serializers[types[i]!];
-      return serializer ? serializer(v) : String(v);
-    });
-    const { messages } = await db.execProtocol(join([serialize.bind({ statement: name, values }), serialize.describe({ type: "P" }), serialize.execute({}), serialize.sync()]), { syncToFs });
-    return (parse.parseResults(messages, db.parsers)[0]?.rows ?? []) as T[];
-  }
-  const simple = (sql: string, syncToFs: boolean) => db.execProtocol(serialize.query(sql), { syncToFs });
-  return {
-    query: (sql, params) => db.runExclusive(() => run(sql, params, true)),
-    transaction: (fn) =>
-      db.runExclusive(async () => {
-        await simple("BEGIN", false);
-        try {
-          const result = await fn({ query: (sql, params) => run(sql, params, false) });
-          // A statement that failed inside (its error caught by fn) aborted the transaction: its COMMIT is a rollback.
-          const { messages } = await simple("COMMIT", true);
-          if (messages.some((m) => m.name === "commandComplete" && (m as { text?: string }).text === "ROLLBACK")) throw new Error(ABORTED);
-          return result;
-        } catch (e) {
-          await simple("ROLLBACK", true).catch(() => undefined);
-          throw e;
-        }
-      }),
-  };
-}
 
 async function openPostgres(url: string): Promise<Database> {
   const { default: pg } = await import("pg");
