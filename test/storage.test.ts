@@ -3,7 +3,7 @@ import { afterAll, describe, expect, it } from "vitest";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { openDatabase, migrate, describeDatabase, type Database } from "../services/platform/storage.ts";
+import { openDatabase, migrate, describeDatabase, type Database, type Queryable } from "../services/platform/storage.ts";
 
 export const PG_URL = process.env.TEST_DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
 const dirs: string[] = [];
@@ -67,7 +67,18 @@ describe.each([
         await tx.query(`INSERT INTO ${table} (id, n) VALUES ('c', 2)`).catch(() => undefined); // swallowed: the transaction is aborted all the same
         return "done";
       }),
-    ).rejects.toThrow(/rolled back/);
+    ).rejects.toMatchObject({ message: expect.stringMatching(/rolled back/), code: "25P02" });
+    expect(await db.query(`SELECT * FROM ${table}`)).toEqual([]);
+    // A transaction's handle used after its end is refused, never run in whatever holds the engine then.
+    let kept: Queryable | undefined;
+    await db.transaction(async (tx) => {
+      kept = tx;
+    });
+    const late = kept!.query(`INSERT INTO ${table} (id, n) VALUES ('late', 1)`).then(
+      () => "ran",
+      () => "refused",
+    );
+    expect(await late).toBe("refused");
     expect(await db.query(`SELECT * FROM ${table}`)).toEqual([]);
     await db.close();
   });

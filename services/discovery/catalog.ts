@@ -328,7 +328,8 @@ export function createCatalog(db: Database): Catalog {
       const offset = params.offset ?? 0;
       const { clause, args } = whereOf(params);
       const [rows, [count]] = await Promise.all([
-        db.query<Row>(`SELECT * FROM discovery_resources ${clause} ORDER BY last_updated DESC, resource, tool LIMIT ${limit} OFFSET ${offset}`, args),
+        // The page as parameters: a statement's text stays one of a few (the embedded engine keeps each text prepared).
+        db.query<Row>(`SELECT * FROM discovery_resources ${clause} ORDER BY last_updated DESC, resource, tool LIMIT $${args.length + 1} OFFSET $${args.length + 2}`, [...args, limit, offset]),
         db.query<{ total: string }>(`SELECT count(*)::text AS total FROM discovery_resources ${clause}`, args),
       ]);
       return { x402Version: 2, items: rows.map(item), pagination: { limit, offset, total: Number(count?.total ?? 0) } };

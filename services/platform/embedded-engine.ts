@@ -121,7 +121,7 @@ async function engineWorker(): Promise<void> {
         }
         // A statement that failed inside (its error caught by the caller) aborted the transaction: its COMMIT is a rollback.
         const { messages } = await simple("COMMIT", true);
-        if (messages.some((m) => m.name === "commandComplete" && m.text === "ROLLBACK")) throw new Error(aborted);
+        if (messages.some((m) => m.name === "commandComplete" && m.text === "ROLLBACK")) throw Object.assign(new Error(aborted), { code: "25P02", severity: "ERROR" });
       });
       open.set(id, { end, done });
       done.catch((e: unknown) => {
@@ -143,6 +143,9 @@ async function engineWorker(): Promise<void> {
       case "begin":
         return void answer(begin(m.id).then(() => m.id));
       case "tx":
+        // Only inside its own transaction, while that holds the engine: a statement of an ended one
+        // would run in whichever transaction holds it now (or outside any).
+        if (!open.has(m.tx)) return void answer(Promise.reject(Object.assign(new Error("the transaction has ended"), { code: "25000" })));
         return void answer(run(m.sql, m.params, false));
       case "end": {
         const t = open.get(m.tx);
@@ -152,7 +155,8 @@ async function engineWorker(): Promise<void> {
         return void answer(t.done);
       }
       case "close":
-        return void answer(db.close().then(() => port.close()));
+        // Answered before the port closes (then the thread ends).
+        return void answer(db.close()).then(() => port.close());
     }
   });
   port.postMessage({ ready: true });
@@ -172,6 +176,16 @@ export async function openEngineOnWorker(options: { dataDir?: string; startParam
   // The engine gone (a crash inside it, or closed): every statement after is refused as a database
   // that cannot serve (SQLSTATE 57P01), never a verdict on a payment (storage.ts isDatabaseUnavailable).
   let gone: Error | undefined;
+  let closing = false;
+  let started = false;
+  // Died under a running service (not closed): nothing would bring the engine back and the process
+  // would hold the data directory's lock for ever, looking alive. It exits, as a lost lock makes it
+  // (storage.ts), and its supervisor starts it again.
+  const died = (why: string) => {
+    if (closing || !started) return;
+    process.stderr.write(`x402-fleet: the embedded database stopped (${why}); exiting so that the process restarts\n`);
+    process.exit(70);
+  };
   const stop = (why: string) => {
     gone ??= Object.assign(new Error(`the embedded database stopped: ${why}`), { code: "57P01" });
     for (const p of pending.values()) p.reject(gone);
@@ -190,16 +204,19 @@ export async function openEngineOnWorker(options: { dataDir?: string; startParam
     worker.on("error", (e) => {
       reject(e);
       stop(e.message);
+      died(e.message);
     });
     worker.on("exit", (code) => {
       reject(new Error(`the embedded database's thread exited (${code}) before it was ready`));
       stop(`its thread exited (${code})`);
+      died(`its thread exited (${code})`);
     });
   });
   await ready.catch(async (e: unknown) => {
     await worker.terminate();
     throw e;
   });
+  started = true;
   const call = <T>(request: Unnumbered): Promise<T> =>
     new Promise<T>((resolve, reject) => {
       if (gone) return reject(gone);
@@ -227,6 +244,7 @@ export async function openEngineOnWorker(options: { dataDir?: string; startParam
       return result;
     },
     async close() {
+      closing = true;
       if (!gone) await call({ op: "close" }).catch(() => undefined);
       stop("closed");
       await worker.terminate();

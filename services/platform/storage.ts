@@ -128,6 +128,8 @@ async function openEmbedded(dataDir?: string): Promise<Database> {
 }
 
 const ABORTED = "the transaction was aborted by a failed statement and rolled back";
+/** in_failed_sql_transaction: what PGlite's own transaction() said of it. */
+const ABORTED_CODE = "25P02";
 
 // Statements kept prepared per process: the store's SQL is a few dozen fixed texts; past this many
 // (SQL built with varying text) a statement is parsed each time, as PGlite's own query() does.
@@ -147,18 +149,26 @@ async function openPostgres(url: string): Promise<Database> {
       // emits 'error' on it, which without a listener is an uncaught exception. The query in
       // flight fails with it too; the client is then destroyed, not returned to the pool.
       let broken: Error | undefined;
+      let ended = false;
       const onError = (e: Error) => (broken = e);
       client.on("error", onError);
       try {
         await client.query("BEGIN");
-        const result = await fn({ query: async (sql, params) => (await client.query(sql, params as unknown[])).rows });
+        const result = await fn({
+          query: async (sql, params) => {
+            // A handle kept past its transaction's end would run on a client back in the pool.
+            if (ended) throw Object.assign(new Error("the transaction has ended"), { code: "25000" });
+            return (await client.query(sql, params as unknown[])).rows;
+          },
+        });
         // A statement that failed inside (its error caught by fn) aborted the transaction: its COMMIT is a rollback.
-        if ((await client.query("COMMIT")).command === "ROLLBACK") throw new Error(ABORTED);
+        if ((await client.query("COMMIT")).command === "ROLLBACK") throw Object.assign(new Error(ABORTED), { code: ABORTED_CODE, severity: "ERROR" });
         return result;
       } catch (e) {
         if (!broken) await client.query("ROLLBACK").catch((r: Error) => (broken = r));
         throw e;
       } finally {
+        ended = true;
         client.off("error", onError);
         client.release(broken);
       }

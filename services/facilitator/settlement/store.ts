@@ -810,7 +810,8 @@ export function createSettlementStore(db: Database, network: string, hooks: Sett
         const seeds = new Map<string, number>();
         for (const q of queued) if (q.seed !== undefined) seeds.set(q.entry.signer, q.seed);
         if (seeds.size > 0) {
-          await tx.query(`INSERT INTO settlement_nonces (network, signer, next_nonce) SELECT $1, s.signer, s.next_nonce FROM unnest($2::text[], $3::bigint[]) AS s(signer, next_nonce) ON CONFLICT DO NOTHING`, [
+          // In the counters' lock order: two processes seeding the same new keys would otherwise each wait on the other's row.
+          await tx.query(`INSERT INTO settlement_nonces (network, signer, next_nonce) SELECT $1, s.signer, s.next_nonce FROM unnest($2::text[], $3::bigint[]) AS s(signer, next_nonce) ORDER BY s.signer ON CONFLICT DO NOTHING`, [
             network,
             [...seeds.keys()],
             [...seeds.values()],
