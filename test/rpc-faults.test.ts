@@ -316,7 +316,9 @@ describe("a facilitator behind the router, its RPC injecting every fault into ev
     for (const kind of FAULT_KINDS) expect(faults[kind], kind).toBeGreaterThan(0);
     // (A method's schedule moves on by its calls, except a fault deferred behind another call's in one batch.)
     const cycled = METHODS.filter((m) => (steps[m] ?? 0) >= rotation.length);
-    expect(cycled).toContain("eth_call"); // the check below covers at least the simulations
+    // The check below covers at least the simulations: an eth_call, or an eth_estimateGas where the
+    // head was provable and the simulation pinned to it (which of the two depends on timing).
+    expect(cycled.filter((m) => m === "eth_call" || m === "eth_estimateGas"), JSON.stringify(steps)).not.toEqual([]);
     for (const m of cycled) {
       for (const kind of FAULT_KINDS) expect(proxy.injectedByMethod[m]?.[kind], `${kind} on ${m}`).toBeGreaterThan(0);
     }
