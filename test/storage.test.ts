@@ -121,6 +121,8 @@ describe("the embedded engine's memory", () => {
     try {
       const db = await openDatabase({ dataDir: join(dir, "db") });
       expect(await db.query("SHOW shared_buffers")).toEqual([{ shared_buffers: "16MB" }]);
+      // no statistics without autovacuum: every execution is planned with its values, never a generic plan
+      expect(await db.query("SHOW plan_cache_mode")).toEqual([{ plan_cache_mode: "force_custom_plan" }]);
       await db.query("CREATE TABLE t (v text)");
       await db.query("INSERT INTO t VALUES ('kept')");
       await db.close();

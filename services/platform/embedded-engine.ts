@@ -8,7 +8,8 @@
 import { Worker } from "node:worker_threads";
 import type { Database, Queryable } from "./storage.ts";
 
-const ABORTED = "the transaction was aborted by a failed statement and rolled back";
+/** A transaction whose COMMIT turned out a rollback (a failed statement inside it, its error caught): in_failed_sql_transaction, as PGlite's own transaction() said. Both engines throw it. */
+export const TRANSACTION_ABORTED = { message: "the transaction was aborted by a failed statement and rolled back", code: "25P02", severity: "ERROR" } as const;
 
 type Request =
   | { id: number; op: "query"; sql: string; params?: unknown[] }
@@ -34,7 +35,7 @@ async function engineWorker(): Promise<void> {
   const load = new Function("specifier", "return import(specifier)") as (specifier: string) => Promise<unknown>;
   const { parentPort, workerData } = (await load("node:worker_threads")) as typeof import("node:worker_threads");
   const port = parentPort!;
-  const { pglite, options, maxPrepared, aborted } = workerData as { pglite: string; options: Record<string, unknown>; maxPrepared: number; aborted: string };
+  const { pglite, options, maxPrepared, aborted } = workerData as { pglite: string; options: Record<string, unknown>; maxPrepared: number; aborted: { message: string; code: string; severity: string } };
   const describe = (e: unknown): Record<string, unknown> => {
     const fields: Record<string, unknown> = { message: e instanceof Error ? e.message : String(e), name: e instanceof Error ? e.name : "Error" };
     if (e && typeof e === "object") for (const [k, v] of Object.entries(e)) if (v === null || ["string", "number", "boolean"].includes(typeof v)) fields[k] = v;
@@ -121,7 +122,7 @@ async function engineWorker(): Promise<void> {
         }
         // A statement that failed inside (its error caught by the caller) aborted the transaction: its COMMIT is a rollback.
         const { messages } = await simple("COMMIT", true);
-        if (messages.some((m) => m.name === "commandComplete" && m.text === "ROLLBACK")) throw Object.assign(new Error(aborted), { code: "25P02", severity: "ERROR" });
+        if (messages.some((m) => m.name === "commandComplete" && m.text === "ROLLBACK")) throw Object.assign(new Error(aborted.message), aborted);
       });
       open.set(id, { end, done });
       done.catch((e: unknown) => {
@@ -167,7 +168,7 @@ export async function openEngineOnWorker(options: { dataDir?: string; startParam
   // (Loaders that keep function names, as tsx does, call a `__name` helper inside the body: given here.)
   const worker = new Worker(`var __name = (f) => f;\n(${engineWorker.toString()})()`, {
     eval: true,
-    workerData: { pglite: import.meta.resolve("@electric-sql/pglite"), options, maxPrepared, aborted: ABORTED },
+    workerData: { pglite: import.meta.resolve("@electric-sql/pglite"), options, maxPrepared, aborted: TRANSACTION_ABORTED },
     // Only what it needs: the service's environment may hold RPC URLs with keys and tokens.
     env: {},
   });

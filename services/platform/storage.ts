@@ -4,7 +4,7 @@
 import { execFile } from "node:child_process";
 import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
-import { openEngineOnWorker } from "./embedded-engine.ts";
+import { openEngineOnWorker, TRANSACTION_ABORTED } from "./embedded-engine.ts";
 
 export interface Queryable {
   query<T = Record<string, unknown>>(sql: string, params?: unknown[]): Promise<T[]>;
@@ -127,10 +127,6 @@ async function openEmbedded(dataDir?: string): Promise<Database> {
   }
 }
 
-const ABORTED = "the transaction was aborted by a failed statement and rolled back";
-/** in_failed_sql_transaction: what PGlite's own transaction() said of it. */
-const ABORTED_CODE = "25P02";
-
 // Statements kept prepared per process: the store's SQL is a few dozen fixed texts; past this many
 // (SQL built with varying text) a statement is parsed each time, as PGlite's own query() does.
 const MAX_PREPARED = 500;
@@ -162,7 +158,7 @@ async function openPostgres(url: string): Promise<Database> {
           },
         });
         // A statement that failed inside (its error caught by fn) aborted the transaction: its COMMIT is a rollback.
-        if ((await client.query("COMMIT")).command === "ROLLBACK") throw Object.assign(new Error(ABORTED), { code: ABORTED_CODE, severity: "ERROR" });
+        if ((await client.query("COMMIT")).command === "ROLLBACK") throw Object.assign(new Error(TRANSACTION_ABORTED.message), TRANSACTION_ABORTED);
         return result;
       } catch (e) {
         if (!broken) await client.query("ROLLBACK").catch((r: Error) => (broken = r));
